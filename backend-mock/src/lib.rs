@@ -1,0 +1,1 @@
+//! Deterministic cluster simulator for ringcc.

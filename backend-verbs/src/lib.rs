@@ -1,0 +1,1 @@
+//! RDMA verbs backend for ringcc.

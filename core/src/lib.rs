@@ -1,0 +1,76 @@
+//! # ringcc-core: the schedule of a ring collective, and nothing else
+//!
+//! This crate computes and decides; it never moves a byte over a wire,
+//! reads a clock, allocates or uses `unsafe`. It is what DPU/SmartNIC
+//! firmware embeds, and what every ringcc backend (simulator, RDMA verbs,
+//! CUDA) drives, so that all of them run the very same schedule.
+//!
+//! How the layers fit, from the bottom up:
+//!
+//! - [`topology`] groups ranks by node and builds each channel's ring so that
+//!   a node's GPUs are consecutive and the node is entered and left through a
+//!   NIC (`NET n → GPU a → … → GPU x → NET n`); it answers `next`, `prev`,
+//!   ring index and hop kind (NVLink or NIC) for every rank in O(1).
+//! - [`plan`] turns one collective call (AllReduce, ReduceScatter,
+//!   AllGather, Broadcast, Reduce) into, per channel and rank, an iterator of
+//!   [`Step`](plan::Step)s: which [`Primitive`](prim::Primitive) (NCCL's
+//!   `send`, `recvReduceSend`, `recvReduceCopySend`, `recvCopySend`, `recv`,
+//!   …), on which chunk, at which offsets.
+//! - [`prim`] holds the primitives and the sans-IO [`Machine`](prim::Machine)
+//!   that walks a plan: it waits for data from the predecessor and credit
+//!   from the successor ([`fifo`]'s slot rules), asks its backend to
+//!   reduce / copy / send one slice at a time, returns credit, checks that
+//!   both neighbours made the same call (a [`CallDesc`](plan::CallDesc)
+//!   header on every connection's first message), and finishes only when
+//!   everything it sent was consumed.
+//! - [`fifo`] is the flow control itself: 8 slots per connection, `head` and
+//!   `tail` step counters, and a shared-memory FIFO built on the [`sync`]
+//!   shim's atomics, model-checked with loom.
+//! - [`reduce`] has the element types, the operations and the host
+//!   reduction kernels that every backend's results are checked against.
+//! - [`wire`] describes, byte for byte, the RDMA work requests, NIC queue
+//!   entries and RoCEv2 packets that carry a step.
+//! - [`cost`] is the alpha-beta model (`latency + bytes / bandwidth`) and
+//!   nccl-tests' `algbw` / `busbw`.
+//!
+//! Every failure is a typed [`Error`]; no input makes this crate panic (its
+//! lints forbid indexing, unchecked arithmetic, `unwrap` and `panic!` outside
+//! tests). Capacities are const generics.
+
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+
+mod log;
+mod math;
+
+pub mod cost;
+pub mod error;
+pub mod fifo;
+pub mod id;
+pub mod plan;
+pub mod prim;
+pub mod reduce;
+pub mod sync;
+pub mod topology;
+pub mod wire;
+
+pub use error::{Error, ProtocolViolation, Result};
+pub use id::{ChannelId, ChunkId, NicId, NodeId, Rank, RingIndex, SlotIndex};
+pub use plan::{CallDesc, Collective, Plan, Step};
+pub use prim::{Action, Exec, LinkState, Machine, Primitive};
+pub use reduce::{DataType, ReduceOp};
+pub use topology::{HopKind, InOrderRing, Ring, RingOrder, Topology};

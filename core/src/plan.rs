@@ -1,0 +1,621 @@
+//! Collective plans: which primitive, on which chunk, at which offsets,
+//! every rank takes at every step.
+//!
+//! A [`Plan`] is validated once ([`Plan::new`]); [`Plan::steps`] then yields,
+//! for one (channel, rank), an iterator of [`Step`]s computed in O(1) each
+//! without allocation.
+//!
+//! # Data layout (per rank, in elements; NCCL's)
+//!
+//! | collective | input | output |
+//! |---|---|---|
+//! | AllReduce | `count` | `count` |
+//! | ReduceScatter | `n · count` (block `b` is rank `b`'s) | `count` |
+//! | AllGather | `count` | `n · count` (block `b` from rank `b`) |
+//! | Broadcast | `count` (read on the root) | `count` |
+//! | Reduce | `count` | `count` (written on the root) |
+//!
+//! # Channels and loops
+//!
+//! Channels own contiguous ranges of the buffer (of each block, for
+//! ReduceScatter and AllGather): `ceil(count / channels)` rounded up to 16
+//! bytes each, the last ones possibly shorter or empty. A channel runs
+//! `max(1, ceil(len / span))` loop iterations, where a loop spans `n`
+//! chunks for AllReduce and one chunk (per block) otherwise. In a loop,
+//! AllReduce's chunk shrinks to `min(chunk, align_up(ceil(rem / n), 16 B))`,
+//! so the last loop's chunks are balanced; trailing chunks may be empty and
+//! still take their step. Even an empty channel (or `count = 0`) runs one
+//! loop of empty steps: every connection then carries the call header, so a
+//! mismatched call is always detected and never leaves a rank waiting.
+//!
+//! # Steps of one loop, ring index `r`, `n ≥ 2` ranks
+//!
+//! AllReduce, `s` in `0..=2n−2`, chunk `(r − s − 1) mod n`: send,
+//! recvReduceSend × (n−2), recvReduceCopySend, recvCopySend × (n−2), recv.
+//! ReduceScatter, `s` in `0..n`, chunk `(r − s − 1) mod n`: send,
+//! recvReduceSend × (n−2), recvReduceCopy — ring index `r` ends with chunk
+//! `r`, which is the block of the rank at ring index `r`. AllGather, `s` in
+//! `0..n`, chunk `(r − s) mod n`: copySend, recvCopySend × (n−2), recv.
+//! Broadcast: a chain from the root along the ring (copySend, recvCopySend…,
+//! recv). Reduce: a chain along the ring ending at the root (send,
+//! recvReduceSend…, recvReduceCopy). With one rank every collective is one
+//! `copy` per loop.
+
+use crate::error::Error;
+use crate::id::{ChannelId, ChunkId, Rank, RingIndex};
+use crate::math::{align_up, div_up};
+use crate::prim::Primitive;
+use crate::reduce::{DataType, ReduceOp};
+use crate::topology::{RingOrder, MAX_CHANNELS};
+
+/// The collective operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Collective {
+    /// Every rank ends with the reduction of all inputs.
+    AllReduce,
+    /// Rank `b` ends with block `b` of the reduction.
+    ReduceScatter,
+    /// Every rank ends with every rank's input, block by block.
+    AllGather,
+    /// Every rank ends with the root's input.
+    Broadcast {
+        /// The rank whose input is broadcast.
+        root: Rank,
+    },
+    /// The root ends with the reduction of all inputs.
+    Reduce {
+        /// The rank that receives the result.
+        root: Rank,
+    },
+}
+
+impl Collective {
+    /// The lower-case name nccl-tests uses (`allreduce`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "allreduce",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::AllGather => "allgather",
+            Collective::Broadcast { .. } => "broadcast",
+            Collective::Reduce { .. } => "reduce",
+        }
+    }
+
+    /// The root, for the rooted collectives.
+    pub const fn root(self) -> Option<Rank> {
+        match self {
+            Collective::Broadcast { root } | Collective::Reduce { root } => Some(root),
+            _ => None,
+        }
+    }
+
+    /// Whether the collective combines data with a [`ReduceOp`].
+    pub const fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. }
+        )
+    }
+
+    /// A code for the wire: 0..=4 in declaration order.
+    pub const fn code(self) -> u8 {
+        match self {
+            Collective::AllReduce => 0,
+            Collective::ReduceScatter => 1,
+            Collective::AllGather => 2,
+            Collective::Broadcast { .. } => 3,
+            Collective::Reduce { .. } => 4,
+        }
+    }
+
+    /// The inverse of [`Collective::code`], with the root for rooted ones.
+    pub const fn from_code(code: u8, root: Rank) -> Result<Collective, Error> {
+        Ok(match code {
+            0 => Collective::AllReduce,
+            1 => Collective::ReduceScatter,
+            2 => Collective::AllGather,
+            3 => Collective::Broadcast { root },
+            4 => Collective::Reduce { root },
+            c => return Err(Error::UnknownCode(c)),
+        })
+    }
+
+    /// nccl-tests' bus-bandwidth factor: `busbw = algbw · factor`.
+    pub fn bus_factor(self, ranks: u32) -> f64 {
+        let n = f64::from(ranks.max(1));
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } => 1.0,
+        }
+    }
+}
+
+impl core::fmt::Display for Collective {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.root() {
+            Some(root) => write!(f, "{}(root {})", self.name(), root),
+            None => f.write_str(self.name()),
+        }
+    }
+}
+
+/// Everything that must agree across ranks for one collective call: the
+/// fingerprint that travels at the head of every connection's first message
+/// and is compared by the receiver.
+///
+/// The operation of a collective that does not reduce (AllGather,
+/// Broadcast) is normalized to `Sum`, since a different one is harmless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct CallDesc {
+    /// The communicator's call sequence number (0 for the first call).
+    pub seq: u64,
+    /// The collective and its root.
+    pub collective: Collective,
+    /// Element count, as passed by the user.
+    pub count: u64,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction operation.
+    pub op: ReduceOp,
+}
+
+impl CallDesc {
+    /// Describes a call, normalizing what does not matter.
+    pub const fn new(
+        seq: u64,
+        collective: Collective,
+        count: u64,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> CallDesc {
+        let op = if collective.reduces() {
+            op
+        } else {
+            ReduceOp::Sum
+        };
+        CallDesc {
+            seq,
+            collective,
+            count,
+            dtype,
+            op,
+        }
+    }
+}
+
+impl core::fmt::Display for CallDesc {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "#{} {} count={} {}",
+            self.seq, self.collective, self.count, self.dtype
+        )?;
+        if self.collective.reduces() {
+            write!(f, " {}", self.op)?;
+        }
+        Ok(())
+    }
+}
+
+/// One step of one rank on one channel.
+///
+/// Offsets and counts are in elements. `input_offset` matters when the
+/// primitive reads local input ([`Primitive::reads_input`]),
+/// `output_offset` when it contains COPY.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Step {
+    /// What the step does.
+    pub primitive: Primitive,
+    /// Loop iteration of the channel.
+    pub loop_index: u64,
+    /// Step within the loop (`0..steps_per_loop`).
+    pub index: u32,
+    /// The chunk it touches.
+    pub chunk: ChunkId,
+    /// Offset into this rank's input buffer.
+    pub input_offset: u64,
+    /// Offset into this rank's output buffer.
+    pub output_offset: u64,
+    /// Number of elements (may be 0).
+    pub count: u64,
+}
+
+/// A validated plan for one collective on one communicator shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    collective: Collective,
+    count: u64,
+    dtype: DataType,
+    ranks: u32,
+    channels: u32,
+    chunk_elems: u64,
+    align_elems: u64,
+}
+
+/// The alignment of chunk boundaries, in bytes.
+pub const CHUNK_ALIGN: u64 = 16;
+
+impl Plan {
+    /// Validates the parameters.
+    ///
+    /// `count` is the user's element count (per block for ReduceScatter
+    /// and AllGather, as in NCCL); `chunk_bytes` the size of one chunk,
+    /// a non-zero multiple of the element size.
+    pub fn new(
+        collective: Collective,
+        count: u64,
+        dtype: DataType,
+        ranks: u32,
+        channels: u32,
+        chunk_bytes: u64,
+    ) -> Result<Plan, Error> {
+        if ranks == 0 {
+            return Err(Error::NoRanks);
+        }
+        if channels == 0 || channels > MAX_CHANNELS {
+            return Err(Error::BadChannel { channel: channels });
+        }
+        let elem = u64::from(dtype.size());
+        if chunk_bytes == 0 || !chunk_bytes.is_multiple_of(elem) {
+            return Err(Error::BadChunk {
+                chunk_bytes,
+                elem_size: dtype.size(),
+            });
+        }
+        if let Some(root) = collective.root() {
+            if root.0 >= ranks {
+                return Err(Error::RankOutOfRange {
+                    rank: root.0,
+                    ranks,
+                });
+            }
+        }
+        let plan = Plan {
+            collective,
+            count,
+            dtype,
+            ranks,
+            channels,
+            chunk_elems: chunk_bytes.checked_div(elem).unwrap_or(0),
+            align_elems: CHUNK_ALIGN.checked_div(elem).unwrap_or(1),
+        };
+        // Both buffers, in bytes, must be addressable with u64.
+        let blocks = match collective {
+            Collective::ReduceScatter | Collective::AllGather => u64::from(ranks),
+            _ => 1,
+        };
+        count
+            .checked_mul(blocks)
+            .and_then(|elems| elems.checked_mul(elem))
+            .ok_or(Error::CountOverflow)?;
+        Ok(plan)
+    }
+
+    /// The collective.
+    pub fn collective(&self) -> Collective {
+        self.collective
+    }
+
+    /// The user's element count.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    /// Number of channels.
+    pub fn channels(&self) -> u32 {
+        self.channels
+    }
+
+    /// Chunk size in elements.
+    pub fn chunk_elems(&self) -> u64 {
+        self.chunk_elems
+    }
+
+    fn blocks(&self) -> u64 {
+        u64::from(self.ranks)
+    }
+
+    /// Elements in each rank's input buffer.
+    pub fn input_len(&self) -> u64 {
+        match self.collective {
+            Collective::ReduceScatter => self.count.saturating_mul(self.blocks()),
+            _ => self.count,
+        }
+    }
+
+    /// Elements in each rank's output buffer.
+    pub fn output_len(&self) -> u64 {
+        match self.collective {
+            Collective::AllGather => self.count.saturating_mul(self.blocks()),
+            _ => self.count,
+        }
+    }
+
+    /// Steps each rank takes per loop iteration.
+    pub fn steps_per_loop(&self) -> u32 {
+        if self.ranks == 1 {
+            return 1;
+        }
+        match self.collective {
+            Collective::AllReduce => self.ranks.saturating_mul(2).saturating_sub(1),
+            Collective::ReduceScatter | Collective::AllGather => self.ranks,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } => 1,
+        }
+    }
+
+    /// The element range a channel owns (of the buffer, or of each block
+    /// for ReduceScatter and AllGather).
+    pub fn channel_range(&self, channel: ChannelId) -> Result<core::ops::Range<u64>, Error> {
+        let c = u64::from(channel.0);
+        if c >= u64::from(self.channels) {
+            return Err(Error::BadChannel {
+                channel: u32::from(channel.0),
+            });
+        }
+        let per = align_up(
+            div_up(self.count, u64::from(self.channels)),
+            self.align_elems,
+        );
+        let start = c.saturating_mul(per).min(self.count);
+        let end = c.saturating_add(1).saturating_mul(per).min(self.count);
+        Ok(start..end)
+    }
+
+    /// Elements one loop iteration of the channel spans (before shrinking).
+    fn loop_span(&self) -> u64 {
+        match self.collective {
+            Collective::AllReduce => self.chunk_elems.saturating_mul(u64::from(self.ranks)),
+            _ => self.chunk_elems,
+        }
+    }
+
+    /// Loop iterations of a channel (at least 1).
+    pub fn loops(&self, channel: ChannelId) -> Result<u64, Error> {
+        let r = self.channel_range(channel)?;
+        Ok(div_up(r.end.saturating_sub(r.start), self.loop_span()).max(1))
+    }
+
+    /// Steps a rank takes on a channel; the same for every rank.
+    pub fn total_steps(&self, channel: ChannelId) -> Result<u64, Error> {
+        Ok(self
+            .loops(channel)?
+            .saturating_mul(u64::from(self.steps_per_loop())))
+    }
+
+    /// The steps of `rank` on `channel`, whose ring is `ring`.
+    pub fn steps<M: RingOrder>(
+        &self,
+        channel: ChannelId,
+        rank: Rank,
+        ring: M,
+    ) -> Result<Steps<M>, Error> {
+        if ring.ranks() != self.ranks {
+            return Err(Error::BadTopology);
+        }
+        let range = self.channel_range(channel)?;
+        let loops = self.loops(channel)?;
+        let index = ring.index_of(rank)?;
+        let root_index = match self.collective.root() {
+            Some(root) => ring.index_of(root)?,
+            None => RingIndex(0),
+        };
+        Ok(Steps {
+            plan: *self,
+            ring,
+            start: range.start,
+            end: range.end,
+            index: index.0,
+            root_index: root_index.0,
+            loops,
+            loop_index: 0,
+            step: 0,
+        })
+    }
+
+    /// The primitive and chunk of step `s` of a loop at ring index `r`.
+    fn primitive(&self, r: u32, root: u32, s: u32) -> (Primitive, u32) {
+        let n = self.ranks;
+        if n == 1 {
+            return (Primitive::COPY_ONLY, 0);
+        }
+        let (n64, r64, s64) = (u64::from(n), u64::from(r), u64::from(s));
+        // (r - s - k) mod n with s < 2n: add 3n first, nothing can wrap.
+        let chunk = |k: u64| {
+            let v = r64
+                .wrapping_add(n64.wrapping_mul(3))
+                .wrapping_sub(s64)
+                .wrapping_sub(k);
+            v.checked_rem(n64).unwrap_or(0) as u32
+        };
+        let last = n.wrapping_sub(1);
+        match self.collective {
+            Collective::AllReduce => {
+                let p = if s == 0 {
+                    Primitive::SEND_ONLY
+                } else if s < last {
+                    Primitive::RECV_REDUCE_SEND
+                } else if s == last {
+                    Primitive::RECV_REDUCE_COPY_SEND
+                } else if s < n.wrapping_mul(2).wrapping_sub(2) {
+                    Primitive::RECV_COPY_SEND
+                } else {
+                    Primitive::RECV_ONLY
+                };
+                (p, chunk(1))
+            }
+            Collective::ReduceScatter => {
+                let p = if s == 0 {
+                    Primitive::SEND_ONLY
+                } else if s < last {
+                    Primitive::RECV_REDUCE_SEND
+                } else {
+                    Primitive::RECV_REDUCE_COPY
+                };
+                (p, chunk(1))
+            }
+            Collective::AllGather => {
+                let p = if s == 0 {
+                    Primitive::COPY_SEND
+                } else if s < last {
+                    Primitive::RECV_COPY_SEND
+                } else {
+                    Primitive::RECV_ONLY
+                };
+                (p, chunk(0))
+            }
+            Collective::Broadcast { .. } => {
+                let pos = r
+                    .wrapping_add(n)
+                    .wrapping_sub(root)
+                    .checked_rem(n)
+                    .unwrap_or(0);
+                let p = if pos == 0 {
+                    Primitive::COPY_SEND
+                } else if pos < last {
+                    Primitive::RECV_COPY_SEND
+                } else {
+                    Primitive::RECV_ONLY
+                };
+                (p, 0)
+            }
+            Collective::Reduce { .. } => {
+                // The chain starts at the root's successor, ends at the root.
+                let pos = r
+                    .wrapping_add(n)
+                    .wrapping_sub(root)
+                    .wrapping_sub(1)
+                    .wrapping_add(n)
+                    .checked_rem(n)
+                    .unwrap_or(0);
+                let p = if pos == 0 {
+                    Primitive::SEND_ONLY
+                } else if pos < last {
+                    Primitive::RECV_REDUCE_SEND
+                } else {
+                    Primitive::RECV_REDUCE_COPY
+                };
+                (p, 0)
+            }
+        }
+    }
+}
+
+/// The steps of one rank on one channel; see [`Plan::steps`].
+#[derive(Clone, Debug)]
+pub struct Steps<M> {
+    plan: Plan,
+    ring: M,
+    start: u64,
+    end: u64,
+    index: u32,
+    root_index: u32,
+    loops: u64,
+    loop_index: u64,
+    step: u32,
+}
+
+impl<M: RingOrder> Steps<M> {
+    /// The plan these steps belong to.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The ring index of the rank walking these steps.
+    pub fn ring_index(&self) -> RingIndex {
+        RingIndex(self.index)
+    }
+
+    /// Steps not yet yielded.
+    pub fn remaining(&self) -> u64 {
+        let per = u64::from(self.plan.steps_per_loop());
+        self.loops
+            .saturating_sub(self.loop_index)
+            .saturating_mul(per)
+            .saturating_sub(u64::from(self.step))
+    }
+
+    fn compute(&self) -> Step {
+        let p = &self.plan;
+        let (primitive, chunk) = p.primitive(self.index, self.root_index, self.step);
+        let (input_offset, output_offset, count) = match p.collective {
+            Collective::AllReduce => {
+                let n = u64::from(p.ranks);
+                let ls = self
+                    .start
+                    .saturating_add(self.loop_index.saturating_mul(p.loop_span()))
+                    .min(self.end);
+                let rem = self.end.saturating_sub(ls);
+                let lc = p.chunk_elems.min(align_up(div_up(rem, n), p.align_elems));
+                let cs = ls
+                    .saturating_add(u64::from(chunk).saturating_mul(lc))
+                    .min(self.end);
+                let ce = cs.saturating_add(lc).min(self.end);
+                (cs, cs, ce.saturating_sub(cs))
+            }
+            _ => {
+                let off = self
+                    .start
+                    .saturating_add(self.loop_index.saturating_mul(p.chunk_elems))
+                    .min(self.end);
+                let len = p.chunk_elems.min(self.end.saturating_sub(off));
+                let block = |j: u32| -> u64 {
+                    let rank = self.ring.rank_at(RingIndex(j)).map(|r| r.0).unwrap_or(j);
+                    u64::from(rank).saturating_mul(p.count).saturating_add(off)
+                };
+                match p.collective {
+                    Collective::ReduceScatter => (block(chunk), off, len),
+                    Collective::AllGather => (off, block(chunk), len),
+                    _ => (off, off, len),
+                }
+            }
+        };
+        Step {
+            primitive,
+            loop_index: self.loop_index,
+            index: self.step,
+            chunk: ChunkId(chunk),
+            input_offset,
+            output_offset,
+            count,
+        }
+    }
+}
+
+impl<M: RingOrder> Iterator for Steps<M> {
+    type Item = Step;
+
+    fn next(&mut self) -> Option<Step> {
+        if self.loop_index >= self.loops {
+            return None;
+        }
+        let step = self.compute();
+        self.step = self.step.saturating_add(1);
+        if self.step >= self.plan.steps_per_loop() {
+            self.step = 0;
+            self.loop_index = self.loop_index.saturating_add(1);
+        }
+        Some(step)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let r = self.remaining();
+        match usize::try_from(r) {
+            Ok(r) => (r, Some(r)),
+            Err(_) => (usize::MAX, None),
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The primitives a ring step is made of.
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// What one step does, as NCCL's primitive names spell it: `send` =
+    /// SEND, `recvReduceSend` = RECV|REDUCE|SEND, `recvReduceCopySend` =
+    /// RECV|REDUCE|COPY|SEND, `recvCopySend` = RECV|COPY|SEND, `recv` =
+    /// RECV|COPY, `copySend` = COPY|SEND, `recvReduceCopy` =
+    /// RECV|REDUCE|COPY, `copy` = COPY.
+    ///
+    /// - RECV: read the slice the predecessor put in our FIFO slot.
+    /// - REDUCE: combine it with our input (incoming ⊕ local, in that order).
+    ///   REDUCE together with COPY completes the reduction (for `Avg`, this
+    ///   is where the division happens).
+    /// - COPY: write the result to our output buffer.
+    /// - SEND: write the result into the successor's FIFO slot.
+    ///
+    /// Without RECV, the data is this rank's own input.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Primitive: u8 {
+        /// Receive from the predecessor.
+        const RECV = 1 << 0;
+        /// Reduce with the local input.
+        const REDUCE = 1 << 1;
+        /// Copy to the local output.
+        const COPY = 1 << 2;
+        /// Send to the successor.
+        const SEND = 1 << 3;
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for Primitive {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "{=str}", self.name())
+    }
+}
+
+impl Primitive {
+    /// `send`
+    pub const SEND_ONLY: Primitive = Primitive::SEND;
+    /// `recvReduceSend`
+    pub const RECV_REDUCE_SEND: Primitive = Primitive::RECV
+        .union(Primitive::REDUCE)
+        .union(Primitive::SEND);
+    /// `recvReduceCopySend`
+    pub const RECV_REDUCE_COPY_SEND: Primitive = Primitive::RECV_REDUCE_SEND.union(Primitive::COPY);
+    /// `recvCopySend`
+    pub const RECV_COPY_SEND: Primitive = Primitive::RECV
+        .union(Primitive::COPY)
+        .union(Primitive::SEND);
+    /// `recv` (receive into the output: RECV|COPY)
+    pub const RECV_ONLY: Primitive = Primitive::RECV.union(Primitive::COPY);
+    /// `copySend`
+    pub const COPY_SEND: Primitive = Primitive::COPY.union(Primitive::SEND);
+    /// `recvReduceCopy`
+    pub const RECV_REDUCE_COPY: Primitive = Primitive::RECV
+        .union(Primitive::REDUCE)
+        .union(Primitive::COPY);
+    /// `copy` (a one-rank collective)
+    pub const COPY_ONLY: Primitive = Primitive::COPY;
+
+    /// NCCL's name for the primitive (`recvReduceCopySend`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            p if p == Self::SEND_ONLY => "send",
+            p if p == Self::RECV_REDUCE_SEND => "recvReduceSend",
+            p if p == Self::RECV_REDUCE_COPY_SEND => "recvReduceCopySend",
+            p if p == Self::RECV_COPY_SEND => "recvCopySend",
+            p if p == Self::RECV_ONLY => "recv",
+            p if p == Self::COPY_SEND => "copySend",
+            p if p == Self::RECV_REDUCE_COPY => "recvReduceCopy",
+            p if p == Self::COPY_ONLY => "copy",
+            _ => "invalid",
+        }
+    }
+
+    /// Whether this step reads the rank's own input buffer (it sends or
+    /// reduces local data).
+    #[inline]
+    pub fn reads_input(self) -> bool {
+        self.contains(Primitive::REDUCE) || !self.contains(Primitive::RECV)
+    }
+
+    /// Whether this step completes a reduction (REDUCE and COPY together):
+    /// where `Avg` divides.
+    #[inline]
+    pub fn finalizes(self) -> bool {
+        self.contains(Primitive::REDUCE | Primitive::COPY)
+    }
+}
+
+impl core::fmt::Display for Primitive {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod machine;
+
+pub use machine::{Action, Exec, LinkState, Machine, SlotSpan};
