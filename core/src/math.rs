@@ -20,6 +20,9 @@ pub(crate) const fn div_up(a: u64, b: u64) -> u64 {
 /// of `b` that fits (or `a` itself when `b` is 0).
 #[inline]
 pub(crate) const fn align_up(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        return a;
+    }
     let q = div_up(a, b);
     match q.checked_mul(b) {
         Some(v) => v,
