@@ -1,1 +1,14 @@
-//! Workspace-level test support.
+//! Workspace-level test support for ringcc.
+//!
+//! - [`exec`]: an in-memory executor that runs a collective over `n` ranks'
+//!   buffers through the core's state machines with a seeded random
+//!   interleaving, checking flow control independently of the machines.
+//! - [`reference`]: exact inputs and the reference results they must give.
+//!
+//! The integration tests in `tests/` use both; the `seed_allreduce`
+//! example replays the seed documents' 4-GPU walk-through.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod exec;
+pub mod reference;

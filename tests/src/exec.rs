@@ -1,0 +1,502 @@
+//! An in-memory executor: runs a collective over `n` ranks' buffers through
+//! the core's state machines, one per (channel, rank), with a seeded random
+//! interleaving of every event (machine polls, exec completions, counter
+//! notifications).
+//!
+//! It models a connection as the receiver's FIFO memory plus the two posted
+//! counters; a notification hands the receiver the *latest* posted value,
+//! as a reader of shared memory would see it. It checks, independently of
+//! the machines, that no slot is overwritten before it was read and that
+//! every slot read holds the step the reader expects.
+
+use ringcc_core::fifo::{FifoGeometry, STEPS};
+use ringcc_core::prim::{Action, Exec, LinkState, Machine};
+use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::topology::{Ring, Topology};
+use ringcc_core::{
+    CallDesc, ChannelId, Collective, DataType, Error, Plan, Primitive, Rank, ReduceOp,
+};
+
+/// Capacity of the executor's topologies.
+pub const MAX_RANKS: usize = 1024;
+
+/// Shape of a run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Nodes.
+    pub nodes: u32,
+    /// GPUs (ranks) per node.
+    pub gpus_per_node: u32,
+    /// NICs per node.
+    pub nics_per_node: u16,
+    /// Rings may leave a node through another NIC.
+    pub cross_nic: bool,
+    /// Channels.
+    pub channels: u32,
+    /// Chunk size in bytes.
+    pub chunk_bytes: u64,
+    /// FIFO geometry.
+    pub geometry: FifoGeometry,
+    /// Input and output share one buffer (NCCL's in-place layouts).
+    pub in_place: bool,
+    /// Interleaving seed.
+    pub seed: u64,
+    /// Bound on events: a livelock fails instead of hanging.
+    pub max_events: u64,
+}
+
+impl Config {
+    /// `ranks` ranks on one node, one channel, small slots.
+    pub fn single_node(ranks: u32) -> Config {
+        Config {
+            nodes: 1,
+            gpus_per_node: ranks,
+            nics_per_node: 1,
+            cross_nic: false,
+            channels: 1,
+            chunk_bytes: 64,
+            geometry: FifoGeometry::new(32, 1).unwrap_or_default(),
+            in_place: false,
+            seed: 1,
+            max_events: 50_000_000,
+        }
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+}
+
+/// One rank's call. Ranks normally share one; tests give one rank a
+/// different call to provoke a mismatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// The collective.
+    pub collective: Collective,
+    /// Element count (per block for ReduceScatter / AllGather).
+    pub count: u64,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction.
+    pub op: ReduceOp,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct Report {
+    /// Per rank: its output buffer if every one of its machines finished.
+    pub outputs: Vec<Option<Vec<u8>>>,
+    /// Per rank: the first error one of its machines failed with.
+    pub errors: Vec<Option<Error>>,
+    /// Nothing could progress while some machines were unfinished.
+    pub stalled: bool,
+    /// Events processed.
+    pub events: u64,
+    /// Exec actions carried out.
+    pub execs: u64,
+}
+
+impl Report {
+    /// Every rank finished without error.
+    pub fn ok(&self) -> bool {
+        !self.stalled
+            && self.errors.iter().all(Option::is_none)
+            && self.outputs.iter().all(Option::is_some)
+    }
+}
+
+/// The receiving side of one connection (channel, rank ← predecessor).
+struct Inbox {
+    fifo: Vec<u8>,
+    /// Which step each slot holds, `None` when free.
+    slot_step: [Option<u64>; STEPS as usize],
+    tail: u64,
+    header: Option<(u64, CallDesc)>,
+    notify_tail: bool,
+    head: u64,
+    notify_head: bool,
+}
+
+struct Node<'t> {
+    machine: Machine<Ring<'t, MAX_RANKS>>,
+    pending: Option<Exec>,
+    rank: u32,
+    channel: u32,
+    next: u32,
+    prev: u32,
+}
+
+/// SplitMix64: a tiny, well-mixed, seedable generator.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// Buffer geometry of one rank: where input and output live in its memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    /// Bytes of the rank's memory.
+    pub len: usize,
+    /// Byte offset of the input.
+    pub input: usize,
+    /// Byte offset of the output.
+    pub output: usize,
+}
+
+/// NCCL's buffer layout for a call, out of place (input then output) or in
+/// place (ReduceScatter's output is block `rank` of its input, AllGather's
+/// input is block `rank` of its output).
+pub fn layout(plan: &Plan, rank: u32, in_place: bool) -> Layout {
+    let e = plan.dtype().size() as usize;
+    let inb = plan.input_len() as usize * e;
+    let outb = plan.output_len() as usize * e;
+    if !in_place {
+        return Layout {
+            len: inb + outb,
+            input: 0,
+            output: inb,
+        };
+    }
+    let block = plan.count() as usize * e * rank as usize;
+    match plan.collective() {
+        Collective::ReduceScatter => Layout {
+            len: inb,
+            input: 0,
+            output: block,
+        },
+        Collective::AllGather => Layout {
+            len: outb,
+            input: block,
+            output: 0,
+        },
+        _ => Layout {
+            len: inb.max(outb),
+            input: 0,
+            output: 0,
+        },
+    }
+}
+
+/// Runs one collective. `calls[r]` is rank `r`'s call (all equal for a
+/// correct program); `inputs[r]` its input bytes. Panics only on executor
+/// misuse or on a flow-control violation (the property under test).
+pub fn run(cfg: &Config, calls: &[Call], inputs: &[Vec<u8>]) -> Report {
+    let topo = Topology::<MAX_RANKS>::uniform(cfg.nodes, cfg.gpus_per_node, cfg.nics_per_node)
+        .expect("topology")
+        .with_cross_nic(cfg.cross_nic);
+    run_on(&topo, cfg, calls, inputs)
+}
+
+/// Like [`run`] on a given topology.
+pub fn run_on(
+    topo: &Topology<MAX_RANKS>,
+    cfg: &Config,
+    calls: &[Call],
+    inputs: &[Vec<u8>],
+) -> Report {
+    let n = topo.ranks();
+    assert_eq!(calls.len(), n as usize);
+    assert_eq!(inputs.len(), n as usize);
+    let plans: Vec<Plan> = calls
+        .iter()
+        .map(|c| {
+            Plan::new(
+                c.collective,
+                c.count,
+                c.dtype,
+                n,
+                cfg.channels,
+                cfg.chunk_bytes,
+            )
+            .expect("plan")
+        })
+        .collect();
+    let layouts: Vec<Layout> = (0..n)
+        .map(|r| layout(&plans[r as usize], r, cfg.in_place))
+        .collect();
+    let mut mem: Vec<Vec<u8>> = (0..n as usize)
+        .map(|r| {
+            let l = layouts[r];
+            let mut m = vec![0xEEu8; l.len];
+            assert_eq!(
+                inputs[r].len(),
+                plans[r].input_len() as usize * calls[r].dtype.size() as usize
+            );
+            m[l.input..l.input + inputs[r].len()].copy_from_slice(&inputs[r]);
+            m
+        })
+        .collect();
+    let fifo_bytes = cfg.geometry.fifo_bytes() as usize;
+    let idx = |c: u32, r: u32| (c * n + r) as usize;
+    let mut inbox: Vec<Inbox> = (0..cfg.channels * n)
+        .map(|_| Inbox {
+            fifo: vec![0u8; fifo_bytes],
+            slot_step: [None; STEPS as usize],
+            tail: 0,
+            header: None,
+            notify_tail: false,
+            head: 0,
+            notify_head: false,
+        })
+        .collect();
+    let mut nodes: Vec<Node<'_>> = Vec::new();
+    for c in 0..cfg.channels {
+        let ring = topo.ring(ChannelId(c as u8)).expect("ring");
+        for r in 0..n {
+            let call = calls[r as usize];
+            let desc = CallDesc::new(0, call.collective, call.count, call.dtype, call.op);
+            let steps = plans[r as usize]
+                .steps(ChannelId(c as u8), Rank(r), ring)
+                .expect("steps");
+            let machine =
+                Machine::new(desc, steps, cfg.geometry, LinkState::default()).expect("machine");
+            nodes.push(Node {
+                machine,
+                pending: None,
+                rank: r,
+                channel: c,
+                next: ring.next(Rank(r)).expect("next").0,
+                prev: ring.prev(Rank(r)).expect("prev").0,
+            });
+        }
+    }
+    let mut errors: Vec<Option<Error>> = vec![None; n as usize];
+    let mut rng = Rng::new(cfg.seed);
+    let mut events = 0u64;
+    let mut execs = 0u64;
+    let stalled;
+    // Event kinds: 0 = poll a machine, 1 = complete its exec, 2 = deliver
+    // its tail notification, 3 = deliver its head notification.
+    let mut candidates: Vec<(u8, usize)> = Vec::new();
+    loop {
+        candidates.clear();
+        for (i, node) in nodes.iter().enumerate() {
+            if node.machine.error().is_some() {
+                continue;
+            }
+            let inb = &inbox[i];
+            if node.pending.is_some() {
+                candidates.push((1, i));
+            } else if !node.machine.is_done() {
+                candidates.push((0, i));
+            }
+            if inb.notify_tail {
+                candidates.push((2, i));
+            }
+            if inb.notify_head {
+                candidates.push((3, i));
+            }
+        }
+        if candidates.is_empty() {
+            stalled = nodes
+                .iter()
+                .any(|nd| !nd.machine.is_done() && nd.machine.error().is_none());
+            break;
+        }
+        events += 1;
+        if events > cfg.max_events {
+            stalled = true;
+            break;
+        }
+        let (kind, i) = candidates[rng.below(candidates.len())];
+        let result: Result<bool, Error> = match kind {
+            0 => {
+                // Poll until the machine waits; a poll that yields nothing
+                // while others can move is what makes the schedule random.
+                let mut progressed = false;
+                let mut r = Ok(false);
+                loop {
+                    match nodes[i].machine.poll_action() {
+                        Ok(Some(Action::Exec(e))) => {
+                            nodes[i].pending = Some(e);
+                            progressed = true;
+                            break;
+                        }
+                        Ok(Some(Action::ReturnCredit { head })) => {
+                            let ib = &mut inbox[i];
+                            assert!(head >= ib.head, "credit went backwards");
+                            ib.head = head;
+                            // The predecessor's outbox is this inbox.
+                            ib.notify_head = true;
+                            progressed = true;
+                        }
+                        Ok(Some(Action::Done)) => {
+                            progressed = true;
+                            break;
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                }
+                r.map(|_| progressed)
+            }
+            1 => {
+                let e = nodes[i].pending.take().expect("pending exec");
+                execs += 1;
+                let (c, r, next) = (nodes[i].channel, nodes[i].rank, nodes[i].next);
+                carry_out(
+                    &e,
+                    &calls[r as usize],
+                    n,
+                    &layouts[r as usize],
+                    &mut mem[r as usize],
+                    &mut inbox,
+                    i,
+                    idx(c, next),
+                    &cfg.geometry,
+                );
+                nodes[i].machine.handle_exec_done().map(|_| true)
+            }
+            2 => {
+                let ib = &mut inbox[i];
+                ib.notify_tail = false;
+                let tail = ib.tail;
+                let header = ib.header.take();
+                let m = &mut nodes[i].machine;
+                let hr = match header {
+                    Some((step, desc)) => m.handle_header(step, desc),
+                    None => Ok(()),
+                };
+                hr.and_then(|_| m.handle_tail(tail)).map(|_| true)
+            }
+            _ => {
+                // inbox[i] belongs to node i; its head goes to node i's
+                // predecessor on the same channel.
+                let ib = &mut inbox[i];
+                ib.notify_head = false;
+                let head = ib.head;
+                let (c, prev) = (nodes[i].channel, nodes[i].prev);
+                nodes[idx(c, prev)].machine.handle_head(head).map(|_| true)
+            }
+        };
+        if let Err(e) = result {
+            let r = nodes[i].rank as usize;
+            errors[r].get_or_insert(e);
+        }
+        // Machines that failed are dead; record their errors too.
+        for nd in &nodes {
+            if let Some(e) = nd.machine.error() {
+                errors[nd.rank as usize].get_or_insert(e);
+            }
+        }
+    }
+    let outputs = (0..n as usize)
+        .map(|r| {
+            let all_done = nodes
+                .iter()
+                .filter(|nd| nd.rank as usize == r)
+                .all(|nd| nd.machine.is_done());
+            if !all_done || errors[r].is_some() {
+                return None;
+            }
+            let l = layouts[r];
+            let outb = plans[r].output_len() as usize * calls[r].dtype.size() as usize;
+            Some(mem[r][l.output..l.output + outb].to_vec())
+        })
+        .collect();
+    Report {
+        outputs,
+        errors,
+        stalled,
+        events,
+        execs,
+    }
+}
+
+/// Carries out one exec of node `me` (whose inbox is `inbox[me]`), sending
+/// into `inbox[succ]`.
+#[allow(clippy::too_many_arguments)]
+fn carry_out(
+    e: &Exec,
+    call: &Call,
+    ranks: u32,
+    layout: &Layout,
+    mem: &mut [u8],
+    inbox: &mut [Inbox],
+    me: usize,
+    succ: usize,
+    geometry: &FifoGeometry,
+) {
+    let es = call.dtype.size() as usize;
+    let bytes = e.count as usize * es;
+    let p = e.primitive;
+    let mut result = vec![0u8; bytes];
+    let incoming = e.recv.map(|span| {
+        let ib = &mut inbox[me];
+        for k in 0..span.slots {
+            let s = span.step + k;
+            let slot = (s % STEPS) as usize;
+            assert_eq!(
+                ib.slot_step[slot],
+                Some(s),
+                "slot {slot} does not hold step {s}: lost or duplicated data"
+            );
+            ib.slot_step[slot] = None;
+        }
+        let off = span.byte_offset(geometry) as usize;
+        ib.fifo[off..off + bytes].to_vec()
+    });
+    let local = if p.reads_input() {
+        let off = layout.input + e.input_offset as usize * es;
+        Some(mem[off..off + bytes].to_vec())
+    } else {
+        None
+    };
+    match (incoming, local) {
+        (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
+            reduce(call.dtype, call.op, &mut result, &inc, &loc).expect("reduce");
+            if p.finalizes() {
+                finalize(call.dtype, call.op, &mut result, ranks).expect("finalize");
+            }
+        }
+        (Some(inc), _) => result.copy_from_slice(&inc),
+        (None, Some(loc)) => result.copy_from_slice(&loc),
+        (None, None) => unreachable!("a primitive with neither input nor receive"),
+    }
+    if p.contains(Primitive::COPY) {
+        let off = layout.output + e.output_offset as usize * es;
+        mem[off..off + bytes].copy_from_slice(&result);
+    }
+    if let Some(span) = e.send {
+        let ib = &mut inbox[succ];
+        for k in 0..span.slots {
+            let s = span.step + k;
+            let slot = (s % STEPS) as usize;
+            assert_eq!(
+                ib.slot_step[slot], None,
+                "slot {slot} overwritten before it was read (step {s})"
+            );
+            ib.slot_step[slot] = Some(s);
+        }
+        let off = span.byte_offset(geometry) as usize;
+        assert!(off + bytes <= ib.fifo.len(), "slice larger than its slots");
+        ib.fifo[off..off + bytes].copy_from_slice(&result);
+        if let Some(h) = e.header {
+            assert!(ib.header.is_none(), "header mailbox overwritten");
+            ib.header = Some((span.step, h));
+        }
+        assert!(span.end() >= ib.tail, "tail went backwards");
+        ib.tail = span.end();
+        ib.notify_tail = true;
+    }
+}
