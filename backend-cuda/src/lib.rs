@@ -1,1 +1,55 @@
-//! CUDA backend for ringcc.
+//! # ringcc-cuda: ring collectives on CUDA GPUs, driven by the core
+//!
+//! Several GPUs of one process (or several ranks on one GPU) form a
+//! communicator, as `ncclCommInitAll` builds one. Every (channel, rank)
+//! runs the core's sans-IO [`Machine`](ringcc_core::Machine); this crate's
+//! progress loop carries out what the machines ask:
+//!
+//! - [`kernel`]: one fused kernel per primitive and (type, op), generated
+//!   as CUDA C++ ([`kernel::module_source`]) and compiled at run time by
+//!   [`nvrtc`]: it reads the incoming FIFO slice and the local input,
+//!   reduces, and writes the output and the successor's slice in one pass,
+//!   with 16-byte vector loads and stores.
+//! - [`layout`]: ranks → devices, streams, events, FIFO slots (in the
+//!   receiver's memory; written directly over peer access, or staged and
+//!   copied where peer access is not available).
+//! - [`progress`]: the loop that drives the machines over an
+//!   [`Engine`](engine::Engine) — the GPU, or the host
+//!   [`FakeDevice`](engine::fake::FakeDevice) that runs the same loop with
+//!   the core's reduction kernels so the logic is tested without a GPU.
+//! - [`Comm`]: the GPU communicator, with cudarc-shaped calls
+//!   (`all_reduce(&send, &mut recv, op)` on `CudaSlice<T>`), and [`perf`],
+//!   what `ringcc perf --backend cuda` runs.
+//!
+//! The CUDA driver and NVRTC are loaded at run time: the crate builds and
+//! its non-GPU tests run on machines without CUDA, and every entry point
+//! that needs the driver first checks that `libcuda.so.1` loads
+//! ([`driver::probe`]) and otherwise returns [`Error::NoDriver`] instead of
+//! letting cudarc abort.
+
+pub mod config;
+pub mod driver;
+pub mod dtype;
+pub mod engine;
+pub mod error;
+pub mod host;
+pub mod kernel;
+pub mod layout;
+pub mod nvrtc;
+pub mod perf;
+pub mod progress;
+pub mod reference;
+pub mod state;
+
+mod comm;
+mod group;
+
+pub use comm::Comm;
+pub use config::Config;
+pub use dtype::CollType;
+pub use error::{Error, Result};
+pub use group::Group;
+pub use host::{HostCall, HostComm};
+pub use state::CallSpec;
+
+pub use ringcc_core::{Collective, DataType, Rank, ReduceOp};

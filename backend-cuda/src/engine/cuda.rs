@@ -1,0 +1,426 @@
+//! The GPU engine: streams, events, FIFO memory and fused kernels of one
+//! communicator, through cudarc's driver API.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::{CopyOp, Engine, SliceOp};
+use crate::driver;
+use crate::error::{Error, Result};
+use crate::kernel::{primitive_index, KernelKey, LaunchGeometry, ModuleKey, PRIMITIVES};
+use crate::layout::{BufId, EventId, Layout, LinkKind, MemRef, StreamId};
+use crate::nvrtc::{pick_arch, Image, Nvrtc, Target};
+
+/// Device memory from `cuMemAlloc` (not a stream-ordered pool, so peer
+/// access applies to it), freed on drop.
+#[derive(Debug)]
+pub(crate) struct DeviceAlloc {
+    ptr: sys::CUdeviceptr,
+    bytes: u64,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceAlloc {
+    pub(crate) fn zeroed(ctx: &Arc<CudaContext>, bytes: u64) -> Result<DeviceAlloc> {
+        ctx.bind_to_thread()
+            .map_err(Error::driver("cuCtxSetCurrent"))?;
+        let n = usize::try_from(bytes).map_err(|_| Error::BadConfig {
+            what: "allocation larger than the address space",
+        })?;
+        // SAFETY: the context is current; the size is non-negative.
+        let ptr = unsafe { result::malloc_sync(n.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
+        let a = DeviceAlloc {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: `ptr` is a fresh allocation of at least `n` bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(Error::driver("cuMemsetD8"))?;
+        Ok(a)
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: allocated by cuMemAlloc in this context and freed once;
+        // the communicator synchronizes its streams before dropping it.
+        self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
+    }
+}
+
+/// PTX compiled per (architecture, module), shared by every communicator
+/// of the process.
+type PtxCache = Mutex<HashMap<(u32, ModuleKey), Arc<String>>>;
+
+fn ptx_cache() -> &'static PtxCache {
+    static CACHE: OnceLock<PtxCache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn compile_ptx(arch: u32, module: ModuleKey) -> Result<Arc<String>> {
+    if let Some(p) = ptx_cache()
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&(arch, module)).cloned())
+    {
+        return Ok(p);
+    }
+    let nvrtc = Nvrtc::get()?;
+    let started = std::time::Instant::now();
+    let ptx = match nvrtc.compile_module(module, &Target::Ptx(arch))? {
+        Image::Ptx(p) => Arc::new(p),
+        Image::Cubin(_) => {
+            return Err(Error::BadConfig {
+                what: "NVRTC returned a cubin for a PTX target",
+            })
+        }
+    };
+    tracing::debug!(module = %module.name(), arch, ms = started.elapsed().as_millis() as u64, "ringcc-cuda: compiled");
+    if let Ok(mut c) = ptx_cache().lock() {
+        c.insert((arch, module), ptx.clone());
+    }
+    Ok(ptx)
+}
+
+/// One device of the communicator.
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub(crate) ctx: Arc<CudaContext>,
+    arch: u32,
+    max_blocks: u32,
+    modules: HashMap<ModuleKey, (Arc<CudaModule>, Vec<CudaFunction>)>,
+}
+
+impl Device {
+    fn new(ctx: Arc<CudaContext>, waves: u32) -> Result<Device> {
+        let cc = driver::compute_capability(&ctx)?;
+        let sms = driver::multiprocessors(&ctx)?;
+        Ok(Device {
+            ctx,
+            arch: cc,
+            max_blocks: LaunchGeometry::max_blocks_for(sms, waves),
+            modules: HashMap::new(),
+        })
+    }
+
+    fn function(&mut self, key: KernelKey) -> Result<&CudaFunction> {
+        let index = primitive_index(key.primitive).ok_or(Error::BadConfig {
+            what: "a primitive no plan emits",
+        })?;
+        if !self.modules.contains_key(&key.module) {
+            let nvrtc = Nvrtc::get()?;
+            let arch = pick_arch(self.arch, &nvrtc.supported_archs()?).ok_or(Error::BadConfig {
+                what: "NVRTC supports no architecture this device runs",
+            })?;
+            let ptx = compile_ptx(arch, key.module)?;
+            let module = self
+                .ctx
+                .load_module(Ptx::from_src(ptx.as_str()))
+                .map_err(Error::driver("cuModuleLoadData"))?;
+            let mut fns = Vec::with_capacity(PRIMITIVES.len());
+            for primitive in PRIMITIVES {
+                let name = KernelKey {
+                    primitive,
+                    module: key.module,
+                }
+                .symbol()
+                .unwrap_or_default();
+                fns.push(
+                    module
+                        .load_function(&name)
+                        .map_err(Error::driver("cuModuleGetFunction"))?,
+                );
+            }
+            self.modules.insert(key.module, (module, fns));
+        }
+        self.modules
+            .get(&key.module)
+            .and_then(|(_, f)| f.get(index))
+            .ok_or(Error::BadConfig {
+                what: "kernel missing from its module",
+            })
+    }
+}
+
+/// The engine. See the module documentation.
+#[derive(Debug)]
+pub(crate) struct CudaEngine {
+    layout: Layout,
+    devices: HashMap<usize, Device>,
+    streams: Vec<Arc<CudaStream>>,
+    events: Vec<CudaEvent>,
+    fifos: HashMap<BufId, DeviceAlloc>,
+    bound: HashMap<BufId, (sys::CUdeviceptr, u64)>,
+}
+
+impl CudaEngine {
+    /// Builds the engine: `user_streams[r]` is rank `r`'s stream (on its
+    /// device). Creates the channel streams, the events and the FIFOs, and
+    /// enables peer access where the layout uses it.
+    pub(crate) fn new(
+        layout: Layout,
+        contexts: HashMap<usize, Arc<CudaContext>>,
+        user_streams: Vec<Arc<CudaStream>>,
+        waves: u32,
+    ) -> Result<CudaEngine> {
+        let mut devices = HashMap::new();
+        for (&ordinal, ctx) in &contexts {
+            devices.insert(ordinal, Device::new(ctx.clone(), waves)?);
+        }
+        let ctx_of = |ordinal: usize| -> Result<&Arc<CudaContext>> {
+            contexts.get(&ordinal).ok_or(Error::NoDevice {
+                ordinal,
+                count: contexts.len(),
+            })
+        };
+        for r in 0..layout.ranks() {
+            let r = ringcc_core::Rank(r);
+            if layout.link(r) == LinkKind::Direct {
+                let (a, b) = (layout.device(r)?, layout.device(layout.next(r))?);
+                if a != b {
+                    driver::enable_peer_access(ctx_of(a)?, ctx_of(b)?)?;
+                }
+            }
+        }
+        let mut streams = user_streams;
+        for c in 0..layout.channels() {
+            for r in 0..layout.ranks() {
+                let s = StreamId::Channel(ringcc_core::ChannelId(c), ringcc_core::Rank(r));
+                let ctx = ctx_of(layout.stream_device(s)?)?;
+                streams.push(ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?);
+            }
+        }
+        let mut events: Vec<Option<CudaEvent>> = (0..layout.events()).map(|_| None).collect();
+        let mut all_events = Vec::new();
+        for r in 0..layout.ranks() {
+            let r = ringcc_core::Rank(r);
+            all_events.push(EventId::Begin(r));
+            for c in 0..layout.channels() {
+                let c = ringcc_core::ChannelId(c);
+                all_events.push(EventId::End(c, r));
+                let k = layout.incoming(c, r);
+                for s in 0..ringcc_core::fifo::STEPS as u8 {
+                    let s = ringcc_core::SlotIndex(s);
+                    all_events.push(EventId::Written(k, s));
+                    all_events.push(EventId::Read(k, s));
+                }
+            }
+        }
+        for e in all_events {
+            let ctx = ctx_of(layout.event_device(e)?)?;
+            events[layout.event_index(e)] = Some(
+                ctx.new_event(None)
+                    .map_err(Error::driver("cuEventCreate"))?,
+            );
+        }
+        let events: Vec<CudaEvent> = events.into_iter().flatten().collect();
+        if events.len() != layout.events() {
+            return Err(Error::BadConfig {
+                what: "event table incomplete",
+            });
+        }
+        let bytes = layout.geometry().fifo_bytes();
+        let mut fifos = HashMap::new();
+        for k in layout.connections() {
+            fifos.insert(
+                BufId::Fifo(k),
+                DeviceAlloc::zeroed(ctx_of(layout.buffer_device(BufId::Fifo(k))?)?, bytes)?,
+            );
+            if layout.link(layout.prev(k.receiver)) == LinkKind::Staged {
+                let id = BufId::Staging(k);
+                fifos.insert(
+                    id,
+                    DeviceAlloc::zeroed(ctx_of(layout.buffer_device(id)?)?, bytes)?,
+                );
+            }
+        }
+        Ok(CudaEngine {
+            layout,
+            devices,
+            streams,
+            events,
+            fifos,
+            bound: HashMap::new(),
+        })
+    }
+
+    /// Binds a rank's input and output for the next call (device
+    /// addresses and byte lengths).
+    pub(crate) fn bind(&mut self, rank: ringcc_core::Rank, input: (u64, u64), output: (u64, u64)) {
+        self.bound.insert(BufId::Input(rank), input);
+        self.bound.insert(BufId::Output(rank), output);
+    }
+
+    /// Forgets the bound user buffers.
+    pub(crate) fn unbind(&mut self) {
+        self.bound.clear();
+    }
+
+    /// Compiles and loads the kernels of `module` on every device now.
+    pub(crate) fn prepare(&mut self, module: ModuleKey) -> Result<()> {
+        for d in self.devices.values_mut() {
+            d.function(KernelKey {
+                primitive: PRIMITIVES[0],
+                module,
+            })?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stream(&self, s: StreamId) -> Result<&Arc<CudaStream>> {
+        self.streams
+            .get(self.layout.stream_index(s))
+            .ok_or(Error::BadConfig {
+                what: "no such stream",
+            })
+    }
+
+    /// Every channel stream.
+    pub(crate) fn channel_streams(&self) -> &[Arc<CudaStream>] {
+        self.streams
+            .get(self.layout.ranks() as usize..)
+            .unwrap_or_default()
+    }
+
+    /// The device address of `len` bytes at `m`, checked against the
+    /// buffer's size.
+    fn address(&self, m: MemRef, len: u64) -> Result<sys::CUdeviceptr> {
+        let (base, cap) = match m.buf {
+            BufId::Input(_) | BufId::Output(_) => self.bound.get(&m.buf).copied(),
+            BufId::Fifo(_) | BufId::Staging(_) => self.fifos.get(&m.buf).map(|a| (a.ptr, a.bytes)),
+        }
+        .unwrap_or((0, 0));
+        match m.offset.checked_add(len) {
+            Some(end) if end <= cap && base != 0 => Ok(base + m.offset),
+            _ => Err(Error::OutOfBounds {
+                buffer: format!("{:?}", m.buf),
+                offset: m.offset,
+                len,
+                capacity: cap,
+            }),
+        }
+    }
+
+    fn event(&self, e: EventId) -> Result<&CudaEvent> {
+        self.events
+            .get(self.layout.event_index(e))
+            .ok_or(Error::BadConfig {
+                what: "no such event",
+            })
+    }
+}
+
+impl Engine for CudaEngine {
+    fn launch(&mut self, stream: StreamId, op: &SliceOp) -> Result<()> {
+        let dtype = op.kernel.module.dtype;
+        let len = op.count.saturating_mul(u64::from(dtype.size()));
+        let addr = |m: Option<MemRef>| -> Result<u64> {
+            m.map(|m| self.address(m, len))
+                .transpose()
+                .map(|a| a.unwrap_or(0))
+        };
+        let mut recv = addr(op.recv)?;
+        let mut input = addr(op.input)?;
+        let mut output = addr(op.output)?;
+        let mut send = addr(op.send)?;
+        let device = self.layout.stream_device(stream)?;
+        let s = self.stream(stream)?.clone();
+        let dev = self.devices.get_mut(&device).ok_or(Error::NoDevice {
+            ordinal: device,
+            count: 0,
+        })?;
+        let Some(geometry) =
+            LaunchGeometry::for_slice(op.count, u64::from(dtype.size()), dev.max_blocks)
+        else {
+            return Ok(());
+        };
+        let f = dev.function(op.kernel)?.cu_function();
+        let mut n = op.count;
+        let mut nranks = op.nranks;
+        let mut params: [*mut c_void; 6] = [
+            (&mut recv as *mut u64).cast(),
+            (&mut input as *mut u64).cast(),
+            (&mut output as *mut u64).cast(),
+            (&mut send as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+            (&mut nranks as *mut u32).cast(),
+        ];
+        dev.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: `f` comes from a module loaded in this device's context and
+        // takes (4 pointers, u64, u32), the six values `params` points to,
+        // which live until the call returns (the driver copies them). Every
+        // pointer was bounds-checked above for `count` elements; null ones
+        // are never dereferenced by the primitive's kernel. The stream
+        // belongs to this device.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (geometry.grid, 1, 1),
+                (geometry.block, 1, 1),
+                0,
+                s.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(Error::driver("cuLaunchKernel"))
+    }
+
+    fn copy(&mut self, stream: StreamId, op: &CopyOp) -> Result<()> {
+        if op.bytes == 0 {
+            return Ok(());
+        }
+        let src = self.address(op.src, op.bytes)?;
+        let dst = self.address(op.dst, op.bytes)?;
+        let src_ctx = self.devices_ctx(self.layout.buffer_device(op.src.buf)?)?;
+        let dst_ctx = self.devices_ctx(self.layout.buffer_device(op.dst.buf)?)?;
+        let s = self.stream(stream)?;
+        s.context()
+            .bind_to_thread()
+            .map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: both ranges were bounds-checked in live allocations of
+        // their contexts; the stream is live.
+        unsafe {
+            result::memcpy_peer_async(
+                dst_ctx.cu_ctx(),
+                dst,
+                src_ctx.cu_ctx(),
+                src,
+                op.bytes as usize,
+                s.cu_stream(),
+            )
+        }
+        .map_err(Error::driver("cuMemcpyPeerAsync"))
+    }
+
+    fn record(&mut self, stream: StreamId, event: EventId) -> Result<()> {
+        let s = self.stream(stream)?;
+        self.event(event)?
+            .record(s)
+            .map_err(Error::driver("cuEventRecord"))
+    }
+
+    fn wait(&mut self, stream: StreamId, event: EventId) -> Result<()> {
+        let s = self.stream(stream)?;
+        s.wait(self.event(event)?)
+            .map_err(Error::driver("cuStreamWaitEvent"))
+    }
+}
+
+impl CudaEngine {
+    fn devices_ctx(&self, ordinal: usize) -> Result<Arc<CudaContext>> {
+        self.devices
+            .get(&ordinal)
+            .map(|d| d.ctx.clone())
+            .ok_or(Error::NoDevice {
+                ordinal,
+                count: self.devices.len(),
+            })
+    }
+}

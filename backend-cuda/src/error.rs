@@ -1,0 +1,247 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+use cudarc::driver::DriverError;
+
+/// Everything that can go wrong in the CUDA backend. Each variant names the
+/// call or check that failed and carries its cause.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The CUDA driver library (`libcuda.so.1`) could not be loaded: there is
+    /// no NVIDIA driver on this machine. Checked before the first driver
+    /// call, which would otherwise abort the process.
+    NoDriver,
+    /// No NVRTC library was found at any of the places searched.
+    NoNvrtc {
+        /// Every path or library name tried, in order.
+        searched: Vec<String>,
+    },
+    /// The NVRTC library was found but lacks a function we need.
+    NvrtcSymbol {
+        /// The missing symbol.
+        symbol: &'static str,
+        /// The loader's error.
+        source: libloading::Error,
+    },
+    /// An NVRTC call returned an error code.
+    Nvrtc {
+        /// The NVRTC function.
+        call: &'static str,
+        /// Its `nvrtcResult`.
+        code: i32,
+    },
+    /// NVRTC rejected a generated kernel source.
+    Compile {
+        /// The module (data type and operation) being compiled.
+        module: String,
+        /// The compiler's log.
+        log: String,
+    },
+    /// A CUDA driver call failed.
+    Driver {
+        /// The driver function (or cudarc method) that failed.
+        call: &'static str,
+        /// The driver's error.
+        source: DriverError,
+    },
+    /// A device ordinal that does not exist.
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// The core rejected a call or a protocol event (plan, state machine).
+    Core {
+        /// The core function that failed.
+        call: &'static str,
+        /// The core's error.
+        source: ringcc_core::Error,
+    },
+    /// A configuration value that cannot work.
+    BadConfig {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A call gave a number of per-rank buffers other than the
+    /// communicator's rank count.
+    RankCount {
+        /// The communicator's ranks.
+        expected: usize,
+        /// Buffers given.
+        got: usize,
+    },
+    /// A rank of a group call was given twice.
+    DuplicateRank {
+        /// The rank.
+        rank: u32,
+    },
+    /// A group was launched before every rank made its call.
+    MissingRank {
+        /// The first rank without a call.
+        rank: u32,
+    },
+    /// A rank outside the communicator.
+    RankOutOfRange {
+        /// The rank.
+        rank: u32,
+        /// The communicator's ranks.
+        ranks: u32,
+    },
+    /// A user buffer is shorter than the collective needs.
+    BufferTooSmall {
+        /// The rank the buffer belongs to.
+        rank: u32,
+        /// `"send"` or `"recv"`.
+        which: &'static str,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes given.
+        got: u64,
+    },
+    /// A user buffer lives on another device than its rank.
+    WrongDevice {
+        /// The rank.
+        rank: u32,
+        /// The rank's device ordinal.
+        expected: usize,
+        /// The buffer's device ordinal.
+        got: usize,
+    },
+    /// A device access that would leave its buffer (a bug caught by the
+    /// checked layer before any kernel runs).
+    OutOfBounds {
+        /// The buffer, as `Debug` of its id.
+        buffer: String,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes accessed.
+        len: u64,
+        /// Bytes in the buffer.
+        capacity: u64,
+    },
+    /// A wait ran past its deadline.
+    Timeout {
+        /// What was waited for.
+        waiting_for: &'static str,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// The progress loop could make no further progress although some
+    /// (channel, rank) is not done: the machines wait on each other.
+    Stalled {
+        /// Which machines are not done, and what they wait for.
+        detail: String,
+    },
+    /// The fake device saw FIFO slots used out of order (written before
+    /// being read, or read before being written).
+    Hazard {
+        /// What happened.
+        detail: String,
+    },
+    /// An earlier collective failed on this communicator; its connection
+    /// state is unknown, so it accepts no more calls.
+    Poisoned,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::NoDriver => f.write_str(
+                "no CUDA driver: libcuda.so.1 could not be loaded (no NVIDIA driver installed?)",
+            ),
+            Error::NoNvrtc { searched } => {
+                write!(
+                    f,
+                    "no NVRTC library found; searched: {}",
+                    searched.join(", ")
+                )
+            }
+            Error::NvrtcSymbol { symbol, source } => {
+                write!(f, "NVRTC library lacks {symbol}: {source}")
+            }
+            Error::Nvrtc { call, code } => write!(f, "{call} failed with nvrtcResult {code}"),
+            Error::Compile { module, log } => {
+                write!(f, "NVRTC could not compile module {module}:\n{log}")
+            }
+            Error::Driver { call, source } => write!(f, "{call} failed: {source}"),
+            Error::NoDevice { ordinal, count } => {
+                write!(f, "no CUDA device {ordinal} ({count} present)")
+            }
+            Error::Core { call, source } => write!(f, "{call}: {source}"),
+            Error::BadConfig { what } => write!(f, "bad configuration: {what}"),
+            Error::RankCount { expected, got } => {
+                write!(f, "expected one buffer per rank ({expected}), got {got}")
+            }
+            Error::DuplicateRank { rank } => write!(f, "rank {rank} called twice in one group"),
+            Error::MissingRank { rank } => {
+                write!(f, "group launched without a call from rank {rank}")
+            }
+            Error::RankOutOfRange { rank, ranks } => {
+                write!(f, "rank {rank} out of range for {ranks} ranks")
+            }
+            Error::BufferTooSmall {
+                rank,
+                which,
+                needed,
+                got,
+            } => write!(
+                f,
+                "rank {rank}'s {which} buffer has {got} B, the collective needs {needed} B"
+            ),
+            Error::WrongDevice {
+                rank,
+                expected,
+                got,
+            } => write!(
+                f,
+                "rank {rank}'s buffer is on device {got}, the rank runs on device {expected}"
+            ),
+            Error::OutOfBounds {
+                buffer,
+                offset,
+                len,
+                capacity,
+            } => write!(
+                f,
+                "access of {len} B at {offset} leaves {buffer} ({capacity} B)"
+            ),
+            Error::Timeout { waiting_for, after } => {
+                write!(f, "timed out after {after:?} waiting for {waiting_for}")
+            }
+            Error::Stalled { detail } => write!(f, "progress loop stalled: {detail}"),
+            Error::Hazard { detail } => write!(f, "FIFO hazard on the fake device: {detail}"),
+            Error::Poisoned => {
+                f.write_str("an earlier collective failed on this communicator; create a new one")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::NvrtcSymbol { source, .. } => Some(source),
+            Error::Driver { source, .. } => Some(source),
+            Error::Core { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// Wraps a driver error with the call that produced it.
+    pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+        move |source| Error::Driver { call, source }
+    }
+
+    /// Wraps a core error with the call that produced it.
+    pub(crate) fn core(call: &'static str) -> impl FnOnce(ringcc_core::Error) -> Error {
+        move |source| Error::Core { call, source }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,123 @@
+//! A communicator over the host [`FakeDevice`]: the CUDA communicator's
+//! logic, end to end, on any machine.
+
+use ringcc_core::Rank;
+
+use crate::config::Config;
+use crate::engine::fake::FakeDevice;
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::state::{CallSpec, CommState};
+
+/// One rank's call with its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostCall {
+    /// The call.
+    pub spec: CallSpec,
+    /// The rank's input bytes (for an in-place call: the whole buffer, as
+    /// [`CallSpec::in_place`] lays it out).
+    pub input: Vec<u8>,
+    /// Run in place.
+    pub in_place: bool,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct HostComm {
+    state: CommState,
+    device: FakeDevice,
+}
+
+impl HostComm {
+    /// Ranks on fake devices `devices[r]`; `peer(a, b)` says whether device
+    /// `a` may write device `b` (else hops are staged); `seed` and
+    /// `eagerness` pick the device's interleaving (see [`FakeDevice::new`]).
+    pub fn new(
+        devices: Vec<usize>,
+        config: Config,
+        peer: impl Fn(usize, usize) -> bool,
+        seed: u64,
+        eagerness: u32,
+    ) -> Result<HostComm> {
+        let layout = Layout::new(devices, config.channels, config.geometry, |a, b| {
+            config.peer_access && peer(a, b)
+        })?;
+        let device = FakeDevice::new(layout.clone(), seed, eagerness);
+        Ok(HostComm {
+            state: CommState::new(layout, config)?,
+            device,
+        })
+    }
+
+    /// The communicator's layout.
+    pub fn layout(&self) -> &Layout {
+        self.state.layout()
+    }
+
+    /// The fake device.
+    pub fn device(&self) -> &FakeDevice {
+        &self.device
+    }
+
+    /// Runs one collective (one call per rank) and returns every rank's
+    /// output bytes.
+    pub fn run(&mut self, calls: &[HostCall]) -> Result<Vec<Vec<u8>>> {
+        self.state.check_live()?;
+        let n = self.state.layout().ranks();
+        if calls.len() != n as usize {
+            return Err(Error::RankCount {
+                expected: n as usize,
+                got: calls.len(),
+            });
+        }
+        let config = *self.state.config();
+        for (r, call) in calls.iter().enumerate() {
+            let rank = r as u32;
+            let (ib, ob) = call.spec.bytes(n, &config)?;
+            let given = call.input.len() as u64;
+            if call.in_place {
+                let bp = call.spec.in_place(n, rank, &config)?;
+                check(rank, "send", bp.total, given)?;
+                self.device
+                    .bind(Rank(rank), call.input.clone(), bp.input, bp.output, None);
+            } else {
+                check(rank, "send", ib, given)?;
+                self.device.bind(
+                    Rank(rank),
+                    call.input.clone(),
+                    (0, ib),
+                    (0, ob),
+                    Some(vec![0xA5; ob as usize]),
+                );
+            }
+        }
+        let specs: Vec<CallSpec> = calls.iter().map(|c| c.spec).collect();
+        self.state.run(&mut self.device, &specs)?;
+        if let Err(e) = self.device.synchronize() {
+            self.state.poison();
+            return Err(e);
+        }
+        (0..n)
+            .map(|r| {
+                self.device
+                    .output(Rank(r))
+                    .map(<[u8]>::to_vec)
+                    .ok_or(Error::BadConfig {
+                        what: "fake device lost an output buffer",
+                    })
+            })
+            .collect()
+    }
+}
+
+fn check(rank: u32, which: &'static str, needed: u64, got: u64) -> Result<()> {
+    if got < needed {
+        return Err(Error::BufferTooSmall {
+            rank,
+            which,
+            needed,
+            got,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! What `ringcc perf --backend cuda` runs: one collective, timed over
+//! several iterations, then checked against the host reference
+//! (nccl-tests' `time algbw busbw #wrong`).
+
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use ringcc_core::{Collective, DataType, Rank, ReduceOp};
+
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::reference::{expected, pattern, wrong};
+use crate::state::CallSpec;
+
+/// One measurement to make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerfCase {
+    /// The collective (and root).
+    pub collective: Collective,
+    /// Elements, as nccl-tests counts them.
+    pub count: u64,
+    /// Element type.
+    pub dtype: DataType,
+    /// Operation.
+    pub op: ReduceOp,
+    /// In place (one buffer per rank) or out of place.
+    pub in_place: bool,
+    /// Untimed iterations first.
+    pub warmup: u32,
+    /// Timed iterations.
+    pub iters: u32,
+}
+
+/// The result of a [`PerfCase`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PerfResult {
+    /// Mean time of one collective, microseconds.
+    pub time_us: f64,
+    /// Bytes of the collective as nccl-tests counts them (the larger
+    /// buffer of a rank).
+    pub bytes: u64,
+    /// `bytes / time`, GB/s.
+    pub algbw: f64,
+    /// `algbw × bus factor`, GB/s.
+    pub busbw: f64,
+    /// Elements that differ from the host reference, over all ranks.
+    pub wrong: u64,
+}
+
+struct Buffers {
+    send: Vec<CudaSlice<u8>>,
+    recv: Vec<CudaSlice<u8>>,
+    inputs: Vec<Vec<u8>>,
+}
+
+fn alloc(comm: &Comm, case: &PerfCase, spec: &CallSpec) -> Result<Buffers> {
+    let n = comm.ranks();
+    let config = *comm.config();
+    let (ib, ob) = spec.bytes(n, &config)?;
+    let mut b = Buffers {
+        send: Vec::new(),
+        recv: Vec::new(),
+        inputs: Vec::new(),
+    };
+    for r in 0..n {
+        let s = comm.stream(Rank(r))?;
+        let input = pattern(
+            spec.dtype,
+            spec.op,
+            ib / u64::from(spec.dtype.size()),
+            u64::from(r) + 1,
+        );
+        if case.in_place {
+            let bp = spec.in_place(n, r, &config)?;
+            let mut host = vec![0u8; bp.total as usize];
+            host[bp.input.0 as usize..(bp.input.0 + bp.input.1) as usize].copy_from_slice(&input);
+            b.recv
+                .push(s.clone_htod(&host).map_err(Error::driver("cuMemcpyHtoD"))?);
+        } else {
+            b.send.push(
+                s.clone_htod(&input)
+                    .map_err(Error::driver("cuMemcpyHtoD"))?,
+            );
+            b.recv.push(
+                s.alloc_zeros::<u8>(ob.max(1) as usize)
+                    .map_err(Error::driver("cuMemAlloc"))?,
+            );
+        }
+        b.inputs.push(input);
+    }
+    Ok(b)
+}
+
+fn launch(comm: &mut Comm, case: &PerfCase, spec: CallSpec, b: &mut Buffers) -> Result<()> {
+    let mut g = comm.group();
+    if case.in_place {
+        for (r, buf) in b.recv.iter_mut().enumerate() {
+            g.raw_in_place(Rank(r as u32), spec, buf)?;
+        }
+    } else {
+        for (r, (s, d)) in b.send.iter().zip(b.recv.iter_mut()).enumerate() {
+            g.raw(Rank(r as u32), spec, s, d)?;
+        }
+    }
+    g.launch()
+}
+
+/// Runs `case` on `comm`: warm-up, timed iterations (host clock around
+/// enqueue and synchronize, as nccl-tests), then one checked run on fresh
+/// inputs.
+pub fn run(comm: &mut Comm, case: &PerfCase) -> Result<PerfResult> {
+    let spec = CallSpec {
+        collective: case.collective,
+        count: case.count,
+        dtype: case.dtype,
+        op: case.op,
+    };
+    let n = comm.ranks();
+    comm.prepare(
+        spec.dtype,
+        if spec.collective.reduces() {
+            spec.op
+        } else {
+            ReduceOp::Sum
+        },
+    )?;
+    let mut b = alloc(comm, case, &spec)?;
+    for _ in 0..case.warmup {
+        launch(comm, case, spec, &mut b)?;
+    }
+    comm.synchronize()?;
+    let started = Instant::now();
+    for _ in 0..case.iters {
+        launch(comm, case, spec, &mut b)?;
+    }
+    comm.synchronize()?;
+    let secs = started.elapsed().as_secs_f64() / f64::from(case.iters.max(1));
+    // Check on fresh inputs.
+    let mut b = alloc(comm, case, &spec)?;
+    launch(comm, case, spec, &mut b)?;
+    comm.synchronize()?;
+    let want = expected(&spec, &b.inputs)?;
+    let config = *comm.config();
+    let mut bad = 0;
+    for r in 0..n {
+        let Some(w) = &want[r as usize] else { continue };
+        let s = comm.stream(Rank(r))?;
+        let host = s
+            .clone_dtoh(&b.recv[r as usize])
+            .map_err(Error::driver("cuMemcpyDtoH"))?;
+        let (off, len) = if case.in_place {
+            spec.in_place(n, r, &config)?.output
+        } else {
+            (0, spec.bytes(n, &config)?.1)
+        };
+        let got = host
+            .get(off as usize..(off + len) as usize)
+            .unwrap_or_default();
+        bad += wrong(spec.dtype, got, w);
+    }
+    let (ib, ob) = spec.bytes(n, &config)?;
+    let bytes = ib.max(ob);
+    let algbw = bytes as f64 / secs / 1e9;
+    Ok(PerfResult {
+        time_us: secs * 1e6,
+        bytes,
+        algbw,
+        busbw: algbw * spec.collective.bus_factor(n),
+        wrong: bad,
+    })
+}

@@ -1,0 +1,167 @@
+//! What a communicator remembers between calls, whatever its device: the
+//! layout, every connection's counters, the call sequence number, and
+//! whether a failed call poisoned it.
+
+use ringcc_core::{CallDesc, Collective, DataType, LinkState, Plan, ReduceOp};
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::progress;
+
+/// One rank's part of a collective call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallSpec {
+    /// The collective (and root).
+    pub collective: Collective,
+    /// Elements, as NCCL counts them (per block for ReduceScatter and
+    /// AllGather).
+    pub count: u64,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction operation.
+    pub op: ReduceOp,
+}
+
+/// Byte ranges of a rank's buffers inside one allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferPlan {
+    /// Input: (byte offset, bytes).
+    pub input: (u64, u64),
+    /// Output: (byte offset, bytes).
+    pub output: (u64, u64),
+    /// Bytes of the allocation (in place) or of the larger buffer.
+    pub total: u64,
+}
+
+impl CallSpec {
+    /// The plan of this call on `ranks` ranks with `config`.
+    pub fn plan(&self, ranks: u32, config: &Config) -> Result<Plan> {
+        Plan::new(
+            self.collective,
+            self.count,
+            self.dtype,
+            ranks,
+            u32::from(config.channels),
+            config.chunk_bytes,
+        )
+        .map_err(Error::core("Plan::new"))
+    }
+
+    /// Input and output sizes in bytes, `(input, output)`.
+    pub fn bytes(&self, ranks: u32, config: &Config) -> Result<(u64, u64)> {
+        let plan = self.plan(ranks, config)?;
+        let e = u64::from(self.dtype.size());
+        Ok((plan.input_len() * e, plan.output_len() * e))
+    }
+
+    /// Where rank `rank`'s input and output sit in one buffer when the
+    /// call is in place, as NCCL defines it: the same buffer for
+    /// AllReduce, Broadcast and Reduce; the output is block `rank` of the
+    /// input for ReduceScatter; the input is block `rank` of the output for
+    /// AllGather.
+    pub fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan> {
+        let (ib, ob) = self.bytes(ranks, config)?;
+        let block = self.count * u64::from(self.dtype.size());
+        let at = block * u64::from(rank);
+        Ok(match self.collective {
+            Collective::ReduceScatter => BufferPlan {
+                input: (0, ib),
+                output: (at, ob),
+                total: ib,
+            },
+            Collective::AllGather => BufferPlan {
+                input: (at, ib),
+                output: (0, ob),
+                total: ob,
+            },
+            _ => BufferPlan {
+                input: (0, ib),
+                output: (0, ob),
+                total: ib.max(ob),
+            },
+        })
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct CommState {
+    layout: Layout,
+    config: Config,
+    links: Vec<LinkState>,
+    seq: u64,
+    poisoned: bool,
+}
+
+impl CommState {
+    /// A fresh communicator state.
+    pub fn new(layout: Layout, config: Config) -> Result<CommState> {
+        config.validate()?;
+        Ok(CommState {
+            links: vec![LinkState::default(); layout.pairs()],
+            layout,
+            config,
+            seq: 0,
+            poisoned: false,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The sequence number the next call gets.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Fails with [`Error::Poisoned`] once a call has failed.
+    pub fn check_live(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Enqueues one call (`specs[r]` from rank `r`) on `engine`. A failure
+    /// poisons the communicator.
+    pub fn run<E: Engine>(&mut self, engine: &mut E, specs: &[CallSpec]) -> Result<()> {
+        self.check_live()?;
+        let calls: Vec<CallDesc> = specs
+            .iter()
+            .map(|s| CallDesc::new(self.seq, s.collective, s.count, s.dtype, s.op))
+            .collect();
+        let r = progress::run_call(
+            engine,
+            &self.layout,
+            &mut self.links,
+            &calls,
+            self.config.chunk_bytes,
+            self.config.timeout,
+        );
+        match r {
+            Ok(()) => {
+                self.seq += 1;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, seq = self.seq, "ringcc-cuda: collective failed; communicator poisoned");
+                self.poisoned = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks the communicator failed (a device error after enqueueing).
+    pub fn poison(&mut self) {
+        self.poisoned = true;
+    }
+}
