@@ -30,6 +30,7 @@ const PRELUDE: &str = r#"#if defined(RINGCC_HOST_EMULATION)
 #define RC_KERNEL(name) extern "C" void name
 #define RC_GRID_PARAMS , unsigned long long rc_tid, unsigned long long rc_stride
 #define RC_GRID
+#define RC_VEC_CHECK(p) do { if (((unsigned long long)(p)) & 15ull) __builtin_trap(); } while (0)
 typedef struct { unsigned int x, y, z, w; } __attribute__((aligned(16))) uint4;
 RC_FN float rc_h2f(unsigned short h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 RC_FN unsigned short rc_f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; memcpy(&h, &v, 2); return h; }
@@ -39,6 +40,7 @@ RC_FN unsigned int rc_f2bits(float f) { unsigned int u; memcpy(&u, &f, 4); retur
 #define RC_FN static __device__ __forceinline__
 #define RC_KERNEL(name) extern "C" __global__ void __launch_bounds__(512) name
 #define RC_GRID_PARAMS
+#define RC_VEC_CHECK(p) do { } while (0)
 #define RC_GRID \
     const unsigned long long rc_tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; \
     const unsigned long long rc_stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -167,9 +169,11 @@ fn kernel(out: &mut String, key: KernelKey, epv: u64) {
     );
     let _ = writeln!(out, "        union rc_vec vr, vx, vv;");
     if reads_recv {
+        let _ = writeln!(out, "        RC_VEC_CHECK(recv);");
         let _ = writeln!(out, "        vr.u = ((const uint4*)recv)[i];");
     }
     if reads_in {
+        let _ = writeln!(out, "        RC_VEC_CHECK(in);");
         let _ = writeln!(out, "        vx.u = ((const uint4*)in)[i];");
     }
     let _ = writeln!(out, "        for (int k = 0; k < {epv}; ++k) {{");
@@ -178,9 +182,11 @@ fn kernel(out: &mut String, key: KernelKey, epv: u64) {
     let _ = writeln!(out, "            vv.e[k] = {expr};");
     let _ = writeln!(out, "        }}");
     if p.contains(Primitive::COPY) {
+        let _ = writeln!(out, "        RC_VEC_CHECK(out);");
         let _ = writeln!(out, "        ((uint4*)out)[i] = vv.u;");
     }
     if p.contains(Primitive::SEND) {
+        let _ = writeln!(out, "        RC_VEC_CHECK(send);");
         let _ = writeln!(out, "        ((uint4*)send)[i] = vv.u;");
     }
     let _ = writeln!(out, "    }}");
