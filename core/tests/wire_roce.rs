@@ -51,7 +51,7 @@ fn bth_fixture() {
         0x06,             // RDMA WRITE First
         0x40 | 0x20,      // MigReq, PadCnt 2, TVer 0
         0xff, 0xff,       // default P_Key
-        0x80 | 0x00,      // FECN, resv6a 0
+        0x80,             // FECN, BECN 0, resv6a 0
         0xab, 0xcd, 0xef, // DestQP
         0x80,             // AckReq
         0xff, 0xff, 0xfe, // PSN
@@ -324,7 +324,7 @@ proptest! {
     #[test]
     fn ip_udp_eth_roundtrip(src in any::<[u8; 4]>(), dst in any::<[u8; 4]>(), dscp in 0..64u8, ecn in 0..4u8,
                             ident in any::<u16>(), df in any::<bool>(), ttl in any::<u8>(), proto in any::<u8>(),
-                            plen in 0..2000u16, ports in any::<(u16, u16)>(), macs in any::<([u8; 6], [u8; 6], u16)>()) {
+                            plen in 8..2000u16, ports in any::<(u16, u16)>(), macs in any::<([u8; 6], [u8; 6], u16)>()) {
         let ip = Ipv4Repr { src, dst, dscp, ecn, ident, dont_frag: df, ttl, protocol: proto, payload_len: plen };
         let mut b = vec![0u8; 20 + usize::from(plen)];
         ip.emit(&mut b).unwrap();

@@ -215,6 +215,41 @@ impl Segmenter {
         self.first_psn.add(self.packets)
     }
 
+    /// Packet `i` of the message (`0..packets()`), wherever the iterator
+    /// stands: what a go-back-N requester resends from a NAK's PSN.
+    pub fn packet(&self, i: u32) -> Option<PacketDesc> {
+        if i >= self.packets {
+            return None;
+        }
+        let offset = i.saturating_mul(self.mtu);
+        let len = self.len.saturating_sub(offset).min(self.mtu);
+        let first = i == 0;
+        let last = i.saturating_add(1) == self.packets;
+        let reth = match self.kind {
+            Kind::Write(r) if first => Some(RethRepr {
+                va: r.addr,
+                rkey: r.rkey,
+                dma_len: self.len,
+            }),
+            _ => None,
+        };
+        Some(PacketDesc {
+            opcode: self.opcode(i),
+            psn: self.first_psn.add(i),
+            offset,
+            len,
+            reth,
+            imm: if last { self.imm } else { None },
+            ack_req: last,
+            solicited: last && self.solicited,
+        })
+    }
+
+    /// The packet with PSN `psn`, if it belongs to the message.
+    pub fn packet_at(&self, psn: Psn) -> Option<PacketDesc> {
+        self.packet(self.first_psn.distance_to(psn))
+    }
+
     fn opcode(&self, i: u32) -> Opcode {
         let imm = self.imm.is_some();
         let first = i == 0;
@@ -240,33 +275,23 @@ impl Iterator for Segmenter {
     type Item = PacketDesc;
 
     fn next(&mut self) -> Option<PacketDesc> {
-        let i = self.next;
-        if i >= self.packets {
-            return None;
+        let d = self.packet(self.next)?;
+        self.next = self.next.saturating_add(1);
+        Some(d)
+    }
+
+    fn nth(&mut self, n: usize) -> Option<PacketDesc> {
+        let skip = u32::try_from(n).unwrap_or(u32::MAX);
+        self.next = self.next.saturating_add(skip).min(self.packets);
+        self.next()
+    }
+
+    fn last(self) -> Option<PacketDesc> {
+        if self.next < self.packets {
+            self.packet(self.packets.saturating_sub(1))
+        } else {
+            None
         }
-        self.next = i.saturating_add(1);
-        let offset = i.saturating_mul(self.mtu);
-        let len = self.len.saturating_sub(offset).min(self.mtu);
-        let first = i == 0;
-        let last = self.next == self.packets;
-        let reth = match self.kind {
-            Kind::Write(r) if first => Some(RethRepr {
-                va: r.addr,
-                rkey: r.rkey,
-                dma_len: self.len,
-            }),
-            _ => None,
-        };
-        Some(PacketDesc {
-            opcode: self.opcode(i),
-            psn: self.first_psn.add(i),
-            offset,
-            len,
-            reth,
-            imm: if last { self.imm } else { None },
-            ack_req: last,
-            solicited: last && self.solicited,
-        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
