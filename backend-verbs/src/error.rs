@@ -46,7 +46,7 @@ pub enum Error {
     /// peer that stopped answering (retry exceeded), a flushed queue pair.
     #[error(
         "{what} on channel {channel} (peer rank {peer}) completed with {status_name} \
-         (status {status}, vendor error {vendor_err:#x})"
+         (status {status})"
     )]
     Completion {
         /// What the request was (`data write`, `credit return`, `receive`).
@@ -59,8 +59,6 @@ pub enum Error {
         status: u32,
         /// Its rdma-core name (`IBV_WC_REM_ACCESS_ERR`, …).
         status_name: &'static str,
-        /// The provider's own error code.
-        vendor_err: u32,
     },
     /// A rendezvous socket operation failed.
     #[error("rendezvous {call} ({addr}) failed: {source}")]
@@ -122,6 +120,9 @@ pub enum Error {
         /// Bytes given.
         got: u64,
     },
+    /// A broken invariant of this crate (a bug): never the caller's fault.
+    #[error("internal error in ringcc-verbs: {0}")]
+    Internal(String),
     /// The communicator already failed or was aborted; it accepts no more
     /// calls.
     #[error("the communicator is unusable after an earlier error: {0}")]
@@ -130,8 +131,11 @@ pub enum Error {
 
 impl Error {
     /// Wraps a core error with the call that produced it.
-    pub(crate) fn core(call: &'static str) -> impl FnOnce(ringcc_core::Error) -> Error {
-        move |source| Error::Core { call, source }
+    pub(crate) fn core<E: Into<ringcc_core::Error>>(call: &'static str) -> impl FnOnce(E) -> Error {
+        move |source| Error::Core {
+            call,
+            source: source.into(),
+        }
     }
 
     /// Wraps a lower-layer error of a verbs call.

@@ -1,7 +1,58 @@
-//! RDMA verbs backend for ringcc.
+//! # ringcc-verbs: ring collectives over RDMA reliable connections
+//!
+//! One process per rank, as with NCCL. A [`Communicator`] connects, per
+//! channel, one RC queue pair to its ring successor and one from its
+//! predecessor, on the NIC the core's topology assigns to the channel
+//! (`RINGCC_IB_HCA` maps NIC indices to devices). The schedule is the
+//! core's: per channel a [`Machine`](ringcc_core::Machine) walks the plan,
+//! and this crate only carries out what it asks, which is what every
+//! ringcc backend does.
+//!
+//! The data path is one-sided. Each receiver registers its 8-slot FIFO
+//! (and a call-header mailbox) for remote write and advertises address,
+//! rkey and capacity at connect time. The sender reduces or copies a
+//! slice on the host with the core's kernels, then RDMA-WRITEs it into the
+//! successor's slot, the last write WRITE WITH IMMEDIATE carrying the new
+//! `tail` ([`ringcc_core::wire::post`] forms the requests and checks the
+//! capacity first). The receiver learns of the data from the completion,
+//! consumes it, and returns credit by writing its `head` into the
+//! sender's registered counter (also with an immediate, so that an idle
+//! rank sleeps on its completion channel instead of spinning). The
+//! caller's buffers are registered for local access only.
+//!
+//! Setup goes through a TCP store served by rank 0 ([`rendezvous`]): each
+//! rank presents the job token, then the ranks exchange node names,
+//! settings and queue-pair addresses. The same connection carries abort
+//! notices afterwards: a rank that fails tells the store, the store tells
+//! everyone, and every rank's next wait returns [`Error::Aborted`]. Every
+//! wait has a deadline ([`Config::timeout`] without progress).
+//!
+//! Layers: [`launch`] (who am I, from mpirun / srun / torchrun or
+//! `RINGCC_*`), [`Config`], [`rendezvous`], `ib` (rdma-core through
+//! `sideway`: devices, registered memory, queue pairs with typestates,
+//! completion queues with events), `conn` (a channel's two connections),
+//! `engine` and `exec` (the progress loop), [`Communicator`].
 
+mod comm;
+mod config;
+mod conn;
+mod engine;
 mod error;
+mod exec;
+mod ib;
 pub mod launch;
 pub mod rendezvous;
+mod setup;
+mod wrid;
 
+pub use comm::{AbortHandle, Call, Communicator};
+pub use config::{Config, Fault};
 pub use error::{Error, Result};
+pub use launch::{Launch, Launcher};
+pub use setup::MAX_RANKS;
+
+/// Names of the RDMA devices on this host (empty when rdma-core or its
+/// providers are missing).
+pub fn devices() -> Vec<String> {
+    ib::nic::device_names().unwrap_or_default()
+}

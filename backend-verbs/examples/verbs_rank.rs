@@ -1,0 +1,278 @@
+//! One rank of a ringcc-verbs job: the process the Soft-RoCE tests and the
+//! benchmark start `n` times (rank, world size and address from
+//! `RINGCC_RANK`, `RINGCC_WORLD_SIZE`, `RINGCC_ADDR` or a launcher; tunables
+//! from `RINGCC_*`).
+//!
+//! ```text
+//! verbs_rank suite [--sizes 0,1,1000] [--seed S]   every collective, checked
+//! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE]
+//! verbs_rank loop --bytes B --seconds S            allreduce until error/time
+//! verbs_rank mismatch                              rank 1 calls another count
+//! verbs_rank bad-rkey                              rank 1 advertises a bad rkey
+//! verbs_rank stranger                              connect with a wrong token
+//! ```
+//!
+//! The last line is `RESULT rank=R ok …` or `RESULT rank=R error: …`.
+//! Exit status: 0 success, 2 an error returned by ringcc-verbs (what the
+//! fault modes expect), 1 a wrong result or bad usage.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ringcc_core::{Collective, DataType, Plan, Rank, ReduceOp};
+use ringcc_tests::reference::{expected, input};
+use ringcc_verbs::{Call, Communicator, Config, Error, Fault, Launch};
+
+const COMBOS: [(DataType, ReduceOp); 10] = [
+    (DataType::F32, ReduceOp::Sum),
+    (DataType::I32, ReduceOp::Prod),
+    (DataType::F64, ReduceOp::Avg),
+    (DataType::U8, ReduceOp::Max),
+    (DataType::I64, ReduceOp::Min),
+    (DataType::Bf16, ReduceOp::Sum),
+    (DataType::F16, ReduceOp::Avg),
+    (DataType::U32, ReduceOp::Sum),
+    (DataType::I8, ReduceOp::Prod),
+    (DataType::U64, ReduceOp::Max),
+];
+
+struct Args(Vec<String>);
+
+impl Args {
+    fn value(&self, name: &str) -> Option<&str> {
+        let i = self.0.iter().position(|a| a == name)?;
+        self.0.get(i + 1).map(String::as_str)
+    }
+    fn num(&self, name: &str, default: u64) -> u64 {
+        self.value(name)
+            .map(|v| v.parse().unwrap_or_else(|_| usage(&format!("{name} {v}"))))
+            .unwrap_or(default)
+    }
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("verbs_rank: {why}\nusage: verbs_rank suite|bench|loop|mismatch|bad-rkey|stranger [options]");
+    std::process::exit(1)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args(std::env::args().skip(1).collect());
+    let mode = args.0.first().cloned().unwrap_or_else(|| usage("no mode"));
+    let launch = Launch::from_env().unwrap_or_else(|e| usage(&e.to_string()));
+    let rank = launch.rank;
+    let mut config = Config::from_env().unwrap_or_else(|e| usage(&e.to_string()));
+    if mode == "bad-rkey" && rank == 1 {
+        config.fault = Some(Fault::CorruptFifoRkey);
+    }
+    if mode == "stranger" {
+        return stranger(launch, config);
+    }
+    let t0 = Instant::now();
+    let outcome = Communicator::new(launch, config).and_then(|mut comm| match mode.as_str() {
+        "suite" => suite(&mut comm, &args),
+        "bench" => bench(&mut comm, &args),
+        "loop" => run_loop(&mut comm, &args),
+        "mismatch" | "bad-rkey" => fault(&mut comm, &mode),
+        other => usage(&format!("unknown mode {other}")),
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    match outcome {
+        Ok(Ok(summary)) => {
+            println!("RESULT rank={rank} ok {summary} ({secs:.2}s)");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(wrong)) => {
+            println!("RESULT rank={rank} wrong: {wrong}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            println!("RESULT rank={rank} error after {secs:.2}s: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Ok(Ok(summary)) success; Ok(Err(why)) a wrong result; Err a ringcc error.
+type Outcome = Result<Result<String, String>, Error>;
+
+fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
+    let n = comm.world_size();
+    let rank = comm.rank();
+    let seed = args.num("--seed", 1);
+    let sizes: Vec<u64> = args
+        .value("--sizes")
+        .unwrap_or("0,1,3,1000,4097,40000")
+        .split(',')
+        .map(|s| s.parse().unwrap_or_else(|_| usage("--sizes")))
+        .collect();
+    let mut calls = Vec::new();
+    for (ci, coll) in (0..5u32).enumerate() {
+        for (k, &count) in sizes.iter().enumerate() {
+            let root = Rank((k as u32 + ci as u32) % n);
+            let collective = match coll {
+                0 => Collective::AllReduce,
+                1 => Collective::ReduceScatter,
+                2 => Collective::AllGather,
+                3 => Collective::Broadcast { root },
+                _ => Collective::Reduce { root },
+            };
+            let (dtype, op) = COMBOS[(k + 3 * ci) % COMBOS.len()];
+            calls.push((collective, count, dtype, op));
+        }
+    }
+    // Every type and operation once more through AllReduce.
+    let mid = sizes.get(sizes.len() / 2).copied().unwrap_or(100);
+    for (dtype, op) in COMBOS {
+        calls.push((Collective::AllReduce, mid, dtype, op));
+    }
+    for (i, &(collective, count, dtype, op)) in calls.iter().enumerate() {
+        let salt = seed.wrapping_mul(1000).wrapping_add(i as u64);
+        let plan = Plan::new(collective, count, dtype, n, 1, 64).expect("reference plan");
+        let inp = input(&plan, op, rank, salt);
+        let size = usize::from(dtype.size());
+        let mut out = vec![0xEEu8; plan.output_len() as usize * size];
+        let call = Call {
+            collective,
+            count,
+            dtype,
+            op,
+        };
+        comm.run(call, &inp, &mut out)?;
+        let what = format!("call {i}: {collective} count {count} {dtype} {op}");
+        match expected(&plan, op, rank, salt) {
+            Some(want) => {
+                if let Some(at) = out.iter().zip(&want).position(|(a, b)| a != b) {
+                    return Ok(Err(format!(
+                        "{what}: byte {at} is {:#04x}, expected {:#04x}",
+                        out[at], want[at]
+                    )));
+                }
+            }
+            None => {
+                if out.iter().any(|&b| b != 0xEE) {
+                    return Ok(Err(format!("{what}: a non-root output was written")));
+                }
+            }
+        }
+    }
+    Ok(Ok(format!(
+        "{} calls on {n} ranks, {} channels",
+        calls.len(),
+        comm.channels()
+    )))
+}
+
+fn allreduce_buffers(comm: &Communicator, bytes: u64) -> (Vec<u8>, Vec<u8>) {
+    let count = (bytes / 4) as usize;
+    let v = (comm.rank() + 1) as f32;
+    let inp: Vec<u8> = std::iter::repeat_n(v.to_ne_bytes(), count).flatten().collect();
+    (inp, vec![0u8; count * 4])
+}
+
+fn check_sum(comm: &Communicator, out: &[u8]) -> Result<(), String> {
+    let n = comm.world_size() as f32;
+    let want = n * (n + 1.0) / 2.0;
+    for (i, c) in out.chunks_exact(4).enumerate() {
+        let got = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        if got != want {
+            return Err(format!("element {i} is {got}, expected {want}"));
+        }
+    }
+    Ok(())
+}
+
+fn bench(comm: &mut Communicator, args: &Args) -> Outcome {
+    let bytes = args.num("--bytes", 16 << 20);
+    let iters = args.num("--iters", 5).max(1);
+    let warmup = args.num("--warmup", 1);
+    let (inp, mut out) = allreduce_buffers(comm, bytes);
+    for _ in 0..warmup {
+        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
+    }
+    let t = t0.elapsed().as_secs_f64() / iters as f64;
+    if let Err(e) = check_sum(comm, &out) {
+        return Ok(Err(e));
+    }
+    let n = comm.world_size();
+    let algbw = bytes as f64 / t / 1e6;
+    let busbw = algbw * Collective::AllReduce.bus_factor(n);
+    let line = format!(
+        "bytes={bytes} ranks={n} channels={} iters={iters} time_us={:.0} algbw_MBps={algbw:.2} busbw_MBps={busbw:.2}",
+        comm.channels(),
+        t * 1e6
+    );
+    if comm.rank() == 0 {
+        println!("BENCH allreduce {line}");
+        if let Some(path) = args.value("--out") {
+            let json = format!(
+                "{{\"collective\":\"allreduce\",\"bytes\":{bytes},\"ranks\":{n},\"channels\":{},\"iters\":{iters},\"time_us\":{:.1},\"algbw_MBps\":{algbw:.3},\"busbw_MBps\":{busbw:.3}}}\n",
+                comm.channels(),
+                t * 1e6
+            );
+            if let Err(e) = std::fs::write(path, json) {
+                return Ok(Err(format!("cannot write {path}: {e}")));
+            }
+        }
+    }
+    Ok(Ok(line))
+}
+
+fn run_loop(comm: &mut Communicator, args: &Args) -> Outcome {
+    let bytes = args.num("--bytes", 1 << 20);
+    let limit = Duration::from_secs(args.num("--seconds", 60));
+    let (inp, mut out) = allreduce_buffers(comm, bytes);
+    let t0 = Instant::now();
+    let mut iters = 0u64;
+    while t0.elapsed() < limit {
+        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
+        iters += 1;
+        if iters == 1 {
+            println!("READY rank={}", comm.rank());
+            let _ = std::io::stdout().flush();
+        }
+    }
+    Ok(Ok(format!("{iters} iterations")))
+}
+
+fn fault(comm: &mut Communicator, mode: &str) -> Outcome {
+    let count = if mode == "mismatch" && comm.rank() == 1 { 1030 } else { 1024 };
+    let inp = vec![1u8; count * 4];
+    let mut out = vec![0u8; count * 4];
+    // A healthy call first, then the faulty one.
+    if mode == "mismatch" {
+        let (i, mut o) = (vec![0u8; 64], vec![0u8; 64]);
+        comm.all_reduce(&i, &mut o, DataType::U32, ReduceOp::Sum)?;
+    }
+    comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
+    Ok(Err(format!("{mode}: the faulty call succeeded")))
+}
+
+fn stranger(mut launch: Launch, config: Config) -> ExitCode {
+    launch.token = "not-the-job-token".into();
+    match Communicator::new(launch, config) {
+        Err(Error::Rejected { reason }) => {
+            println!("RESULT rank=stranger ok rejected: {reason}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("RESULT rank=stranger wrong: unexpected error {e}");
+            ExitCode::from(1)
+        }
+        Ok(_) => {
+            println!("RESULT rank=stranger wrong: a wrong token was accepted");
+            ExitCode::from(1)
+        }
+    }
+}

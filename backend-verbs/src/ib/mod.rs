@@ -1,0 +1,12 @@
+//! The RDMA layer over rdma-core: sideway (and, for completion events,
+//! its raw bindings) below; safe types for what the backend needs above.
+//!
+//! - [`nic`]: an opened device port, its GID and protection domain;
+//! - [`mem`]: registered memory (owned buffers, caller buffers);
+//! - [`qp`]: RC queue pairs with their state in the type;
+//! - [`cq`]: completion queues with an event channel.
+
+pub(crate) mod cq;
+pub(crate) mod mem;
+pub(crate) mod nic;
+pub(crate) mod qp;

@@ -1,0 +1,278 @@
+//! Building a communicator: store, devices, topology, queue pairs.
+//!
+//! Three all-gather rounds through rank 0's store:
+//!
+//! 0. every rank's node name and the settings that must agree → the
+//!    topology (rings, channel → NIC);
+//! 1. every rank's channel ends (QP number, GID, PSN, MTU; FIFO, mailbox
+//!    and credit counter addresses and keys) → queue pairs to RTR/RTS;
+//! 2. a barrier: every rank has posted its receives and is ready to send.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ringcc_core::topology::{HopKind, Topology};
+use ringcc_core::{ChannelId, Rank};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::info;
+
+use crate::config::{Agreement, Config};
+use crate::conn::{ChannelEnds, RecvHalf, SendHalf};
+use crate::engine::{Chan, Engine};
+use crate::error::{Error, Result};
+use crate::ib::cq::EventCqs;
+use crate::ib::nic::{device_names, Nic};
+use crate::ib::qp::{Transport, RQ_DEPTH, SQ_DEPTH};
+use crate::launch::fnv1a;
+use crate::rendezvous::StoreClient;
+
+/// The most ranks a communicator holds (the topology's capacity).
+pub const MAX_RANKS: usize = 1024;
+
+#[derive(Serialize, Deserialize)]
+struct Hello {
+    node: String,
+    agreement: Agreement,
+}
+
+/// What setup leaves behind.
+pub(crate) struct Built {
+    pub topo: Box<Topology<MAX_RANKS>>,
+    pub engine: Engine,
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value> {
+    serde_json::to_value(v).map_err(|e| Error::RendezvousProtocol(e.to_string()))
+}
+
+fn from_value<T: for<'de> Deserialize<'de>>(v: Value, rank: usize, what: &str) -> Result<T> {
+    serde_json::from_value(v)
+        .map_err(|e| Error::RendezvousProtocol(format!("rank {rank}'s {what}: {e}")))
+}
+
+/// This host's name.
+pub(crate) fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its length; gethostname NUL-terminates
+    // when the name fits.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn psn(rank: u32, channel: u8, dir: u8) -> u32 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut b = Vec::with_capacity(16);
+    b.extend_from_slice(&rank.to_le_bytes());
+    b.extend_from_slice(&[channel, dir]);
+    b.extend_from_slice(&nanos.to_le_bytes());
+    (fnv1a(&b) as u32) & 0x00ff_ffff
+}
+
+/// The device index (into `names`) of NIC `nic` of the topology.
+fn device_of(nic: u16, names: &[String]) -> usize {
+    usize::from(nic) % names.len().max(1)
+}
+
+pub(crate) fn build(
+    client: &mut StoreClient,
+    rank: u32,
+    world: u32,
+    config: &Config,
+) -> Result<Built> {
+    let geometry = config.geometry()?;
+    let t = config.connect_timeout;
+    // Devices are only needed when there is someone to talk to.
+    let names: Vec<String> = if world > 1 {
+        let n = if config.devices.is_empty() {
+            device_names()?
+        } else {
+            config.devices.clone()
+        };
+        if n.is_empty() {
+            return Err(Error::NoDevice {
+                wanted: "any".into(),
+                reason: "no RDMA device found".into(),
+            });
+        }
+        n
+    } else {
+        Vec::new()
+    };
+
+    // Round 0: placement and agreement.
+    let agreement = config.agreement(names.len());
+    let hello = Hello {
+        node: config.node.clone().unwrap_or_else(hostname),
+        agreement: agreement.clone(),
+    };
+    let hellos: Vec<Hello> = client
+        .all_gather(0, to_value(&hello)?, t)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| from_value(v, r, "settings"))
+        .collect::<Result<_>>()?;
+    if hellos.len() != world as usize {
+        return Err(Error::RendezvousProtocol(format!(
+            "{} ranks answered, expected {world}",
+            hellos.len()
+        )));
+    }
+    for (r, h) in hellos.iter().enumerate() {
+        if h.agreement != hellos[0].agreement {
+            return Err(Error::Config(format!(
+                "rank {r} is configured differently from rank 0: {:?} vs {:?}",
+                h.agreement, hellos[0].agreement
+            )));
+        }
+    }
+    let mut labels: BTreeMap<&str, u32> = BTreeMap::new();
+    let placement: Vec<u32> = hellos
+        .iter()
+        .map(|h| {
+            let next = labels.len() as u32;
+            *labels.entry(h.node.as_str()).or_insert(next)
+        })
+        .collect();
+    let nics = u16::try_from(names.len()).unwrap_or(u16::MAX).max(1);
+    let topo = Box::new(
+        Topology::<MAX_RANKS>::from_placement(&placement, nics)
+            .map_err(Error::core("Topology::from_placement"))?
+            .with_cross_nic(config.cross_nic),
+    );
+
+    // Which device each channel's two ends use.
+    let me = Rank(rank);
+    let channels = config.channels;
+    let mut plan = Vec::new(); // (channel, next, prev, send device, recv device)
+    for c in 0..channels {
+        let id = ChannelId(c as u8);
+        let ring = topo.ring(id).map_err(Error::core("Topology::ring"))?;
+        let next = ring.next(me).map_err(Error::core("Ring::next"))?;
+        let prev = ring.prev(me).map_err(Error::core("Ring::prev"))?;
+        let default_nic = topo.nic_of_channel(id).map_or(0, |n| n.0);
+        let send_nic = match ring.hop(me).map_err(Error::core("Ring::hop"))? {
+            HopKind::Inter { send_nic, .. } => send_nic.0,
+            HopKind::Intra | HopKind::Loopback => default_nic,
+        };
+        let recv_nic = match ring.hop(prev).map_err(Error::core("Ring::hop"))? {
+            HopKind::Inter { recv_nic, .. } => recv_nic.0,
+            HopKind::Intra | HopKind::Loopback => default_nic,
+        };
+        plan.push((
+            id.0,
+            next.0,
+            prev.0,
+            device_of(send_nic, &names),
+            device_of(recv_nic, &names),
+        ));
+    }
+
+    // Open each device used once; CQs sized for its queue pairs.
+    let mut opened: Vec<Nic> = Vec::new();
+    let mut cqs: Vec<EventCqs> = Vec::new();
+    let mut index_of_device: BTreeMap<usize, usize> = BTreeMap::new();
+    if world > 1 {
+        let mut qps: BTreeMap<usize, u32> = BTreeMap::new();
+        for &(_, _, _, s, r) in &plan {
+            *qps.entry(s).or_default() += 1;
+            *qps.entry(r).or_default() += 1;
+        }
+        for (dev, n) in qps {
+            let nic = Nic::open(&names[dev], config.port, config.gid_index)?;
+            cqs.push(EventCqs::new(
+                &nic,
+                n.saturating_mul(SQ_DEPTH),
+                n.saturating_mul(RQ_DEPTH),
+            )?);
+            index_of_device.insert(dev, opened.len());
+            opened.push(nic);
+        }
+    }
+
+    // Round 1: channel ends.
+    let mut halves = Vec::new();
+    let mut ends = Vec::new();
+    for &(c, next, prev, s, r) in &plan {
+        if world == 1 {
+            halves.push(None);
+            ends.push(ChannelEnds::default());
+            continue;
+        }
+        let (si, ri) = (index_of_device[&s], index_of_device[&r]);
+        let send = SendHalf::new(c, next, si, &opened[si], &cqs[si], &geometry, psn(rank, c, 0))?;
+        let recv = RecvHalf::new(c, prev, ri, &opened[ri], &cqs[ri], &geometry, psn(rank, c, 1))?;
+        ends.push(ChannelEnds {
+            send: Some(send.end()),
+            recv: Some(recv.end(config.fault)),
+        });
+        halves.push(Some((send, recv)));
+    }
+    let all: Vec<Vec<ChannelEnds>> = client
+        .all_gather(1, to_value(&ends)?, t)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| from_value(v, r, "channel ends"))
+        .collect::<Result<_>>()?;
+    let transport = Transport {
+        timeout: config.ib_timeout,
+        retry_cnt: config.retry_cnt,
+        rnr_retry: config.rnr_retry,
+    };
+    let mut chans = Vec::new();
+    for (&(c, next, prev, _, _), half) in plan.iter().zip(halves) {
+        let Some((send, recv)) = half else {
+            chans.push(Chan {
+                id: c,
+                send: None,
+                recv: None,
+                link: Default::default(),
+            });
+            continue;
+        };
+        let peer_end = |r: u32| {
+            all.get(r as usize)
+                .and_then(|e| e.get(usize::from(c)))
+                .ok_or_else(|| {
+                    Error::RendezvousProtocol(format!("rank {r} sent no ends for channel {c}"))
+                })
+        };
+        let theirs_recv = peer_end(next)?.recv.clone().ok_or_else(|| {
+            Error::RendezvousProtocol(format!("rank {next} has no receive end on channel {c}"))
+        })?;
+        let theirs_send = peer_end(prev)?.send.clone().ok_or_else(|| {
+            Error::RendezvousProtocol(format!("rank {prev} has no send end on channel {c}"))
+        })?;
+        let s_nic = &opened[index_of_device[&plan[usize::from(c)].3]];
+        let r_nic = &opened[index_of_device[&plan[usize::from(c)].4]];
+        let recv = recv.connect(&theirs_send, r_nic, transport)?;
+        let send = send.connect(&theirs_recv, s_nic, transport)?;
+        info!(
+            channel = c,
+            next,
+            prev,
+            send_device = %s_nic.name,
+            recv_device = %r_nic.name,
+            "verbs: channel connected"
+        );
+        chans.push(Chan {
+            id: c,
+            send: Some(send),
+            recv: Some(recv),
+            link: Default::default(),
+        });
+    }
+
+    // Round 2: everyone is ready to receive.
+    client.all_gather(2, Value::Null, t)?;
+    Ok(Built {
+        topo,
+        engine: Engine::new(opened, cqs, chans, geometry, config.timeout, config.spin),
+    })
+}
