@@ -32,6 +32,7 @@ pub mod driver;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod fused;
 pub mod host;
 pub mod kernel;
 pub mod layout;

@@ -105,42 +105,16 @@ fn launch(comm: &mut Comm, case: &PerfCase, spec: CallSpec, b: &mut Buffers) -> 
     g.launch()
 }
 
-/// Runs `case` on `comm`: warm-up, timed iterations (host clock around
-/// enqueue and synchronize, as nccl-tests), then one checked run on fresh
-/// inputs.
-pub fn run(comm: &mut Comm, case: &PerfCase) -> Result<PerfResult> {
-    let spec = CallSpec {
-        collective: case.collective,
-        count: case.count,
-        dtype: case.dtype,
-        op: case.op,
-    };
+/// Runs `case` once on fresh inputs and counts the elements that differ
+/// from the host reference, over all ranks (nccl-tests' `#wrong`).
+pub fn verify(comm: &mut Comm, case: &PerfCase) -> Result<u64> {
+    let spec = spec_of(case);
     let n = comm.ranks();
-    comm.prepare(
-        spec.dtype,
-        if spec.collective.reduces() {
-            spec.op
-        } else {
-            ReduceOp::Sum
-        },
-    )?;
-    let mut b = alloc(comm, case, &spec)?;
-    for _ in 0..case.warmup {
-        launch(comm, case, spec, &mut b)?;
-    }
-    comm.synchronize()?;
-    let started = Instant::now();
-    for _ in 0..case.iters {
-        launch(comm, case, spec, &mut b)?;
-    }
-    comm.synchronize()?;
-    let secs = started.elapsed().as_secs_f64() / f64::from(case.iters.max(1));
-    // Check on fresh inputs.
+    let config = *comm.config();
     let mut b = alloc(comm, case, &spec)?;
     launch(comm, case, spec, &mut b)?;
     comm.synchronize()?;
     let want = expected(&spec, &b.inputs)?;
-    let config = *comm.config();
     let mut bad = 0;
     for r in 0..n {
         let Some(w) = &want[r as usize] else { continue };
@@ -158,6 +132,44 @@ pub fn run(comm: &mut Comm, case: &PerfCase) -> Result<PerfResult> {
             .unwrap_or_default();
         bad += wrong(spec.dtype, got, w);
     }
+    Ok(bad)
+}
+
+fn spec_of(case: &PerfCase) -> CallSpec {
+    CallSpec {
+        collective: case.collective,
+        count: case.count,
+        dtype: case.dtype,
+        op: case.op,
+    }
+}
+
+/// Runs `case` on `comm`: warm-up, timed iterations (host clock around
+/// enqueue and synchronize, as nccl-tests), then one checked run on fresh
+/// inputs ([`verify`]).
+pub fn run(comm: &mut Comm, case: &PerfCase) -> Result<PerfResult> {
+    let spec = spec_of(case);
+    let n = comm.ranks();
+    let op = if spec.collective.reduces() {
+        spec.op
+    } else {
+        ReduceOp::Sum
+    };
+    comm.prepare(spec.dtype, op)?;
+    let mut b = alloc(comm, case, &spec)?;
+    for _ in 0..case.warmup {
+        launch(comm, case, spec, &mut b)?;
+    }
+    comm.synchronize()?;
+    let started = Instant::now();
+    for _ in 0..case.iters {
+        launch(comm, case, spec, &mut b)?;
+    }
+    comm.synchronize()?;
+    let secs = started.elapsed().as_secs_f64() / f64::from(case.iters.max(1));
+    drop(b);
+    let bad = verify(comm, case)?;
+    let config = *comm.config();
     let (ib, ob) = spec.bytes(n, &config)?;
     let bytes = ib.max(ob);
     let algbw = bytes as f64 / secs / 1e9;

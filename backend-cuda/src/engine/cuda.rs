@@ -2,18 +2,16 @@
 //! communicator, through cudarc's driver API.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 
 use super::{CopyOp, Engine, SliceOp};
 use crate::driver;
 use crate::error::{Error, Result};
-use crate::kernel::{primitive_index, KernelKey, LaunchGeometry, ModuleKey, PRIMITIVES};
+use crate::fused::FusedModule;
+use crate::kernel::ModuleKey;
 use crate::layout::{BufId, EventId, Layout, LinkKind, MemRef, StreamId};
-use crate::nvrtc::{pick_arch, Image, Nvrtc, Target};
 
 /// Device memory from `cuMemAlloc` (not a stream-ordered pool, so peer
 /// access applies to it), freed on drop.
@@ -53,97 +51,23 @@ impl Drop for DeviceAlloc {
     }
 }
 
-/// PTX compiled per (architecture, module), shared by every communicator
-/// of the process.
-type PtxCache = Mutex<HashMap<(u32, ModuleKey), Arc<String>>>;
-
-fn ptx_cache() -> &'static PtxCache {
-    static CACHE: OnceLock<PtxCache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn compile_ptx(arch: u32, module: ModuleKey) -> Result<Arc<String>> {
-    if let Some(p) = ptx_cache()
-        .lock()
-        .ok()
-        .and_then(|c| c.get(&(arch, module)).cloned())
-    {
-        return Ok(p);
-    }
-    let nvrtc = Nvrtc::get()?;
-    let started = std::time::Instant::now();
-    let ptx = match nvrtc.compile_module(module, &Target::Ptx(arch))? {
-        Image::Ptx(p) => Arc::new(p),
-        Image::Cubin(_) => {
-            return Err(Error::BadConfig {
-                what: "NVRTC returned a cubin for a PTX target",
-            })
-        }
-    };
-    tracing::debug!(module = %module.name(), arch, ms = started.elapsed().as_millis() as u64, "ringcc-cuda: compiled");
-    if let Ok(mut c) = ptx_cache().lock() {
-        c.insert((arch, module), ptx.clone());
-    }
-    Ok(ptx)
-}
-
 /// One device of the communicator.
 #[derive(Debug)]
 pub(crate) struct Device {
     pub(crate) ctx: Arc<CudaContext>,
-    arch: u32,
-    max_blocks: u32,
-    modules: HashMap<ModuleKey, (Arc<CudaModule>, Vec<CudaFunction>)>,
+    waves: u32,
+    modules: HashMap<ModuleKey, FusedModule>,
 }
 
 impl Device {
-    fn new(ctx: Arc<CudaContext>, waves: u32) -> Result<Device> {
-        let cc = driver::compute_capability(&ctx)?;
-        let sms = driver::multiprocessors(&ctx)?;
-        Ok(Device {
-            ctx,
-            arch: cc,
-            max_blocks: LaunchGeometry::max_blocks_for(sms, waves),
-            modules: HashMap::new(),
-        })
-    }
-
-    fn function(&mut self, key: KernelKey) -> Result<&CudaFunction> {
-        let index = primitive_index(key.primitive).ok_or(Error::BadConfig {
-            what: "a primitive no plan emits",
-        })?;
-        if !self.modules.contains_key(&key.module) {
-            let nvrtc = Nvrtc::get()?;
-            let arch = pick_arch(self.arch, &nvrtc.supported_archs()?).ok_or(Error::BadConfig {
-                what: "NVRTC supports no architecture this device runs",
-            })?;
-            let ptx = compile_ptx(arch, key.module)?;
-            let module = self
-                .ctx
-                .load_module(Ptx::from_src(ptx.as_str()))
-                .map_err(Error::driver("cuModuleLoadData"))?;
-            let mut fns = Vec::with_capacity(PRIMITIVES.len());
-            for primitive in PRIMITIVES {
-                let name = KernelKey {
-                    primitive,
-                    module: key.module,
-                }
-                .symbol()
-                .unwrap_or_default();
-                fns.push(
-                    module
-                        .load_function(&name)
-                        .map_err(Error::driver("cuModuleGetFunction"))?,
-                );
-            }
-            self.modules.insert(key.module, (module, fns));
+    fn module(&mut self, key: ModuleKey) -> Result<&FusedModule> {
+        if !self.modules.contains_key(&key) {
+            let m = FusedModule::load(&self.ctx, key, self.waves)?;
+            self.modules.insert(key, m);
         }
-        self.modules
-            .get(&key.module)
-            .and_then(|(_, f)| f.get(index))
-            .ok_or(Error::BadConfig {
-                what: "kernel missing from its module",
-            })
+        self.modules.get(&key).ok_or(Error::BadConfig {
+            what: "module missing after load",
+        })
     }
 }
 
@@ -170,7 +94,14 @@ impl CudaEngine {
     ) -> Result<CudaEngine> {
         let mut devices = HashMap::new();
         for (&ordinal, ctx) in &contexts {
-            devices.insert(ordinal, Device::new(ctx.clone(), waves)?);
+            devices.insert(
+                ordinal,
+                Device {
+                    ctx: ctx.clone(),
+                    waves,
+                    modules: HashMap::new(),
+                },
+            );
         }
         let ctx_of = |ordinal: usize| -> Result<&Arc<CudaContext>> {
             contexts.get(&ordinal).ok_or(Error::NoDevice {
@@ -264,10 +195,7 @@ impl CudaEngine {
     /// Compiles and loads the kernels of `module` on every device now.
     pub(crate) fn prepare(&mut self, module: ModuleKey) -> Result<()> {
         for d in self.devices.values_mut() {
-            d.function(KernelKey {
-                primitive: PRIMITIVES[0],
-                module,
-            })?;
+            d.module(module)?;
         }
         Ok(())
     }
@@ -319,57 +247,45 @@ impl Engine for CudaEngine {
     fn launch(&mut self, stream: StreamId, op: &SliceOp) -> Result<()> {
         let dtype = op.kernel.module.dtype;
         let len = op.count.saturating_mul(u64::from(dtype.size()));
+        if len == 0 {
+            return Ok(());
+        }
         let addr = |m: Option<MemRef>| -> Result<u64> {
             m.map(|m| self.address(m, len))
                 .transpose()
                 .map(|a| a.unwrap_or(0))
         };
-        let mut recv = addr(op.recv)?;
-        let mut input = addr(op.input)?;
-        let mut output = addr(op.output)?;
-        let mut send = addr(op.send)?;
+        let ptrs = [
+            addr(op.recv)?,
+            addr(op.input)?,
+            addr(op.output)?,
+            addr(op.send)?,
+        ];
         let device = self.layout.stream_device(stream)?;
         let s = self.stream(stream)?.clone();
         let dev = self.devices.get_mut(&device).ok_or(Error::NoDevice {
             ordinal: device,
             count: 0,
         })?;
-        let Some(geometry) =
-            LaunchGeometry::for_slice(op.count, u64::from(dtype.size()), dev.max_blocks)
-        else {
-            return Ok(());
-        };
-        let f = dev.function(op.kernel)?.cu_function();
-        let mut n = op.count;
-        let mut nranks = op.nranks;
-        let mut params: [*mut c_void; 6] = [
-            (&mut recv as *mut u64).cast(),
-            (&mut input as *mut u64).cast(),
-            (&mut output as *mut u64).cast(),
-            (&mut send as *mut u64).cast(),
-            (&mut n as *mut u64).cast(),
-            (&mut nranks as *mut u32).cast(),
-        ];
         dev.ctx
             .bind_to_thread()
             .map_err(Error::driver("cuCtxSetCurrent"))?;
-        // SAFETY: `f` comes from a module loaded in this device's context and
-        // takes (4 pointers, u64, u32), the six values `params` points to,
-        // which live until the call returns (the driver copies them). Every
-        // pointer was bounds-checked above for `count` elements; null ones
-        // are never dereferenced by the primitive's kernel. The stream
-        // belongs to this device.
+        let module = dev.module(op.kernel.module)?;
+        // SAFETY: every address was bounds-checked above for `count`
+        // elements in a live allocation: the FIFOs this engine owns, or the
+        // user buffers bound (and borrowed) for this call. FIFO addresses on
+        // another device are written only over enabled peer access (the
+        // layout's Direct links). The stream belongs to this device, whose
+        // context is current.
         unsafe {
-            result::launch_kernel(
-                f,
-                (geometry.grid, 1, 1),
-                (geometry.block, 1, 1),
-                0,
+            module.launch_raw(
                 s.cu_stream(),
-                &mut params,
+                op.kernel.primitive,
+                ptrs,
+                op.count,
+                op.nranks,
             )
         }
-        .map_err(Error::driver("cuLaunchKernel"))
     }
 
     fn copy(&mut self, stream: StreamId, op: &CopyOp) -> Result<()> {

@@ -1,0 +1,199 @@
+//! GPU tests: every collective, type and op on 2, 4 and 8 ranks sharing
+//! GPU 0 (and across GPUs where there are several), checked against the
+//! host reference. Run with `cargo test -p ringcc-cuda --test gpu --
+//! --ignored` where `nvidia-smi` finds a GPU (`scripts/gpu-tests.sh`).
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use ringcc_core::{Collective, DataType, Rank, ReduceOp};
+use ringcc_cuda::perf::{verify, PerfCase};
+use ringcc_cuda::{driver, Comm, Config, Error};
+
+fn case(
+    collective: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    count: u64,
+    in_place: bool,
+) -> PerfCase {
+    PerfCase {
+        collective,
+        count,
+        dtype,
+        op,
+        in_place,
+        warmup: 0,
+        iters: 1,
+    }
+}
+
+fn collectives(n: u32) -> Vec<Collective> {
+    vec![
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast { root: Rank(n - 1) },
+        Collective::Reduce { root: Rank(1 % n) },
+    ]
+}
+
+/// Every collective × type × op, out of place, plus in place for each
+/// collective, on `ordinals`.
+fn sweep(ordinals: &[usize], config: Config) {
+    let n = ordinals.len() as u32;
+    let mut comm = Comm::init_all(ordinals, config).unwrap();
+    let mut runs = 0;
+    for c in collectives(n) {
+        for dtype in DataType::ALL {
+            let ops: &[ReduceOp] = if c.reduces() {
+                &ReduceOp::ALL
+            } else {
+                &[ReduceOp::Sum]
+            };
+            for &op in ops {
+                // An odd count: vector loop, scalar tail, uneven chunks.
+                let wrong = verify(&mut comm, &case(c, dtype, op, 2053, false)).unwrap();
+                assert_eq!(wrong, 0, "{c} {dtype} {op} on {ordinals:?}");
+                runs += 1;
+            }
+        }
+        let wrong = verify(
+            &mut comm,
+            &case(c, DataType::F32, ReduceOp::Sum, 3001, true),
+        )
+        .unwrap();
+        assert_eq!(wrong, 0, "{c} in place on {ordinals:?}");
+    }
+    assert_eq!(runs, 3 * 50 + 2 * 10);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn all_collectives_types_ops_2_4_8_ranks_on_one_gpu() {
+    for n in [2usize, 4, 8] {
+        sweep(&vec![0; n], Config::small(2048, 2).unwrap());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nccl_geometry_large_buffers() {
+    let mut comm = Comm::init_all(&[0; 4], Config::default()).unwrap();
+    for (c, dtype) in [
+        (Collective::AllReduce, DataType::Bf16),
+        (Collective::AllReduce, DataType::F32),
+        (Collective::ReduceScatter, DataType::F16),
+        (Collective::AllGather, DataType::I8),
+    ] {
+        let wrong = verify(&mut comm, &case(c, dtype, ReduceOp::Sum, 5 << 20, false)).unwrap();
+        assert_eq!(wrong, 0, "{c} {dtype}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn typed_api_and_many_calls_in_a_row() {
+    let n = 3;
+    let mut comm = Comm::init_all(&[0; 3], Config::small(1024, 3).unwrap()).unwrap();
+    let count = 10_000;
+    for iter in 0..5 {
+        let mut send = Vec::new();
+        let mut recv: Vec<CudaSlice<f32>> = Vec::new();
+        for r in 0..n {
+            let s = comm.stream(Rank(r)).unwrap().clone();
+            let host: Vec<f32> = (0..count)
+                .map(|i| ((i * (r as usize + 1) + iter) % 7) as f32)
+                .collect();
+            send.push(s.clone_htod(&host).unwrap());
+            recv.push(s.alloc_zeros::<f32>(count).unwrap());
+        }
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+        comm.synchronize().unwrap();
+        for r in 0..n {
+            let got = comm
+                .stream(Rank(r))
+                .unwrap()
+                .clone_dtoh(&recv[r as usize])
+                .unwrap();
+            for (i, g) in got.iter().enumerate() {
+                let want: f32 = (0..n)
+                    .map(|q| ((i * (q as usize + 1) + iter) % 7) as f32)
+                    .sum();
+                assert_eq!(*g, want, "iter {iter} rank {r} elem {i}");
+            }
+        }
+    }
+    // bf16 in place, through the group API.
+    let mut bufs: Vec<CudaSlice<bf16>> = (0..n)
+        .map(|r| {
+            let s = comm.stream(Rank(r)).unwrap().clone();
+            s.clone_htod(&vec![bf16::from_f32(r as f32 + 1.0); 777])
+                .unwrap()
+        })
+        .collect();
+    comm.in_place(&mut bufs, Collective::AllReduce, 777, ReduceOp::Avg)
+        .unwrap();
+    comm.synchronize().unwrap();
+    let got = comm.stream(Rank(2)).unwrap().clone_dtoh(&bufs[2]).unwrap();
+    assert!(got.iter().all(|&v| v == bf16::from_f32(2.0)));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mismatched_calls_and_bad_buffers_are_typed_errors() {
+    let mut comm = Comm::init_all(&[0, 0], Config::small(1024, 1).unwrap()).unwrap();
+    let s0 = comm.stream(Rank(0)).unwrap().clone();
+    let s1 = comm.stream(Rank(1)).unwrap().clone();
+    let a = s0.alloc_zeros::<f32>(100).unwrap();
+    let b = s1.alloc_zeros::<f32>(100).unwrap();
+    let mut ra = s0.alloc_zeros::<f32>(100).unwrap();
+    let mut rb = s1.alloc_zeros::<f32>(50).unwrap();
+    {
+        let mut g = comm.group();
+        g.all_reduce(Rank(0), &a, &mut ra, ReduceOp::Sum).unwrap();
+        assert!(matches!(
+            g.all_reduce(Rank(1), &b, &mut rb, ReduceOp::Sum),
+            Err(Error::BufferTooSmall { rank: 1, .. })
+        ));
+        assert!(matches!(g.launch(), Err(Error::MissingRank { rank: 1 })));
+    }
+    let mut rb = s1.alloc_zeros::<f32>(100).unwrap();
+    let mut g = comm.group();
+    g.all_reduce(Rank(0), &a, &mut ra, ReduceOp::Sum).unwrap();
+    g.all_reduce(Rank(1), &b, &mut rb, ReduceOp::Max).unwrap();
+    match g.launch() {
+        Err(Error::Core {
+            source: ringcc_core::Error::MismatchedCall { .. },
+            ..
+        }) => {}
+        other => panic!("expected MismatchedCall, got {other:?}"),
+    }
+    comm.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn several_gpus_peer_and_staged() {
+    let count = driver::device_count().unwrap();
+    if count < 2 {
+        eprintln!("only {count} GPU: the multi-GPU test needs 2 or more (skipped)");
+        return;
+    }
+    let ordinals: Vec<usize> = (0..count.min(8)).collect();
+    sweep(&ordinals, Config::small(4096, 2).unwrap());
+    let staged = Config {
+        peer_access: false,
+        ..Config::small(4096, 2).unwrap()
+    };
+    let mut comm = Comm::init_all(&ordinals, staged).unwrap();
+    for c in collectives(ordinals.len() as u32) {
+        assert_eq!(
+            verify(
+                &mut comm,
+                &case(c, DataType::F16, ReduceOp::Sum, 70_001, false)
+            )
+            .unwrap(),
+            0
+        );
+    }
+}

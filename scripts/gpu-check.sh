@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The one prepared GPU check of ringcc-cuda (under 5 minutes):
+#   1. build (cargo, if this machine has it and can build offline), or take
+#      the binaries scripts/gpu-build.sh prepared in target/gpu-bin/;
+#   2. the GPU tests: every collective x type x op on 2, 4 and 8 ranks
+#      sharing GPU 0 (and across GPUs where there are several);
+#   3. the fused kernels' bandwidth next to a device-to-device copy of the
+#      same bytes (same run), and next to torch adding two tensors in place
+#      (if torch is importable), as ratios; AllReduce busbw on 1 GPU.
+# Writes gpu-check-summary.txt (and the logs) to $OUT, or target/gpu-check/.
+# Exit status: 0 when the tests pass (bandwidth is reported, not gated).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/target/gpu-check}
+mkdir -p "$out"
+summary=$out/gpu-check-summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+bytes=${RINGCC_BW_BYTES:-268435456}
+export RINGCC_BW_BYTES=$bytes
+
+say "== ringcc-cuda GPU check ($(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    say "no GPU: nvidia-smi not found or lists none"
+    exit 1
+fi
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$summary"
+for d in /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+
+# 1. Binaries.
+tests_bin=""; bench_bin=""
+if command -v cargo >/dev/null 2>&1 && cargo build -q --release -p ringcc-cuda --offline 2>/dev/null; then
+    say "build: cargo $(cargo --version | cut -d' ' -f2) (offline)"
+    tests_bin=$(cargo test --release -p ringcc-cuda --offline --test gpu --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("executable"): print(m["executable"])' | tail -n 1)
+    bench_bin=$(cargo bench -p ringcc-cuda --offline --bench fused_bw --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("executable"): print(m["executable"])' | tail -n 1)
+fi
+if [ -z "$tests_bin" ] || [ -z "$bench_bin" ]; then
+    bin=${RINGCC_GPU_BIN:-$root/target/gpu-bin}
+    tests_bin=$bin/gpu-tests; bench_bin=$bin/fused_bw
+    say "build: prebuilt binaries from $bin (scripts/gpu-build.sh)"
+fi
+if [ ! -x "$tests_bin" ] || [ ! -x "$bench_bin" ]; then
+    say "FAIL: no binaries (no offline cargo build, nothing in target/gpu-bin)"
+    exit 1
+fi
+
+# 2. GPU tests.
+start=$(date +%s)
+timeout 240 "$tests_bin" --ignored --test-threads=1 2>&1 | tee "$out/gpu-tests.log"
+tests_rc=${PIPESTATUS[0]}
+say "gpu tests: exit $tests_rc in $(( $(date +%s) - start )) s: $(grep -E '^test result' "$out/gpu-tests.log" | tail -n 1)"
+grep -E '^test .* \.\.\. (ok|FAILED)' "$out/gpu-tests.log" >>"$summary"
+
+# 3. Bandwidth.
+RINGCC_BW_OUT=$out/fused_bw.jsonl timeout 120 "$bench_bin" 2>&1 | tee "$out/fused_bw.log"
+bench_rc=${PIPESTATUS[0]}
+timeout 90 python3 "$root/scripts/torch_add_bw.py" "$bytes" 2>&1 | tee "$out/torch.log"
+say ""
+say "bandwidth (bench exit $bench_rc), $bytes B per buffer; traffic = bytes read + written:"
+cat "$out/fused_bw.log" "$out/torch.log" | awk -v big="$bytes" '
+    /^RESULT/ { name=""; gbps=""; ratio="";
+        for (i = 2; i <= NF; i++) { split($i, kv, "=");
+            if (kv[1]=="name") name=kv[2]; if (kv[1]=="gbps") gbps=kv[2]; if (kv[1]=="ratio_to_copy") ratio=kv[2]; if (kv[1]=="busbw") bus=kv[2] }
+        bw[name]=gbps; rc[name]=ratio; order[++n]=name; if (bus != "") busbw[name]=bus; bus="" }
+    /^TORCH_UNAVAILABLE/ { torch_missing=$0 }
+    END {
+        copy = bw["memcpy_dtod_" big]
+        printf "  %-44s %10s %10s %10s\n", "kernel", "GB/s", "x copy", "x torch"
+        for (i = 1; i <= n; i++) { k = order[i]
+            if (k ~ /^torch_/ || k ~ /^allreduce/) continue
+            t = ""
+            if (k ~ /^recvReduceSend_float_/ && k ~ big"$") t = bw["torch_add_float_" big]
+            if (k ~ /^recvReduceSend_bfloat16_/ && k ~ big"$") t = bw["torch_add_bfloat16_" big]
+            tr = (t != "" && t > 0) ? sprintf("%.3f", bw[k] / t) : "-"
+            printf "  %-44s %10s %10s %10s\n", k, bw[k], rc[k], tr
+            if (k !~ /^memcpy/ && k ~ "_" big "$") { total++; if (rc[k] + 0 >= 0.9) ok++ }
+        }
+        for (i = 1; i <= n; i++) { k = order[i]; if (k ~ /^torch_/) printf "  %-44s %10s %10s\n", k, bw[k], (copy > 0 ? sprintf("%.3f", bw[k] / copy) : "-") }
+        for (i = 1; i <= n; i++) { k = order[i]; if (k ~ /^allreduce/) printf "  %-44s busbw %s GB/s\n", k, busbw[k] }
+        if (torch_missing != "") print "  torch: " torch_missing
+        printf "  target >= 0.9x copy at %s B: %d of %d fused kernels\n", big, ok, total
+    }' | tee -a "$summary"
+say ""
+say "summary: $summary"
+exit "$tests_rc"
