@@ -268,3 +268,116 @@ pub fn exec<E: Engine>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::fake::FakeDevice;
+    use ringcc_core::{Collective, DataType, ReduceOp};
+
+    fn setup() -> (Layout, FakeDevice, Vec<CallDesc>) {
+        let geometry = ringcc_core::fifo::FifoGeometry::new(64, 2).unwrap();
+        let layout = Layout::new(vec![0, 0], 1, geometry, |_, _| true).unwrap();
+        let mut dev = FakeDevice::new(layout.clone(), 1, 2);
+        for r in 0..2 {
+            dev.bind(
+                Rank(r),
+                (0..100).flat_map(|_| 1f32.to_ne_bytes()).collect(),
+                (0, 400),
+                (0, 400),
+                Some(vec![0; 400]),
+            );
+        }
+        let call = CallDesc::new(0, Collective::AllReduce, 100, DataType::F32, ReduceOp::Sum);
+        (layout, dev, vec![call; 2])
+    }
+
+    #[test]
+    fn runs_and_advances_the_links() {
+        let (layout, mut dev, calls) = setup();
+        let mut links = vec![LinkState::default(); 2];
+        run_call(
+            &mut dev,
+            &layout,
+            &mut links,
+            &calls,
+            256,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        dev.synchronize().unwrap();
+        assert!(links
+            .iter()
+            .all(|l| l.send_next > 0 && l.send_head == l.send_next));
+        assert_eq!(dev.output(Rank(1)).unwrap()[..4], 2f32.to_ne_bytes());
+    }
+
+    /// Connection counters no correct history produces (a full FIFO that
+    /// its receiver has already drained): the machines wait on each other,
+    /// and the loop says so at once instead of hanging.
+    #[test]
+    fn a_stall_is_an_error_not_a_hang() {
+        let (layout, mut dev, calls) = setup();
+        let full = LinkState {
+            recv_tail: 0,
+            recv_next: 0,
+            send_head: 0,
+            send_next: 8,
+            early_header: None,
+        };
+        let mut links = vec![full; 2];
+        match run_call(
+            &mut dev,
+            &layout,
+            &mut links,
+            &calls,
+            256,
+            Duration::from_secs(5),
+        ) {
+            Err(Error::Stalled { detail }) => assert!(detail.contains("rank 0"), "{detail}"),
+            other => panic!("expected a stall, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn wrong_shapes_are_rejected() {
+        let (layout, mut dev, calls) = setup();
+        let mut links = vec![LinkState::default(); 2];
+        assert!(matches!(
+            run_call(
+                &mut dev,
+                &layout,
+                &mut links,
+                &calls[..1],
+                256,
+                Duration::from_secs(1)
+            ),
+            Err(Error::RankCount { .. })
+        ));
+        assert!(matches!(
+            run_call(
+                &mut dev,
+                &layout,
+                &mut links[..1],
+                &calls,
+                256,
+                Duration::from_secs(1)
+            ),
+            Err(Error::BadConfig { .. })
+        ));
+        assert!(matches!(
+            run_call(
+                &mut dev,
+                &layout,
+                &mut links,
+                &calls,
+                10,
+                Duration::from_secs(1)
+            ),
+            Err(Error::Core {
+                call: "Plan::new",
+                ..
+            })
+        ));
+    }
+}

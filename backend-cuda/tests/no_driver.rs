@@ -1,0 +1,27 @@
+//! Without a CUDA driver every GPU entry point returns `Error::NoDriver`
+//! (cudarc would abort the process on its first driver call). With a
+//! driver, the same calls work or fail with a typed error.
+
+use ringcc_cuda::{driver, Comm, Config, Error};
+
+#[test]
+fn gpu_entry_points_report_a_missing_driver() {
+    match driver::device_count() {
+        Err(Error::NoDriver) => {
+            assert!(matches!(
+                Comm::init_all(&[0, 0], Config::default()),
+                Err(Error::NoDriver)
+            ));
+            assert!(matches!(driver::context(0), Err(Error::NoDriver)));
+            eprintln!("no CUDA driver here: NoDriver returned as expected");
+        }
+        Ok(n) => {
+            eprintln!("{n} CUDA device(s) here");
+            assert!(matches!(
+                Comm::init_all(&[n], Config::default()),
+                Err(Error::NoDevice { .. })
+            ));
+        }
+        Err(e) => eprintln!("driver present but unusable: {e}"),
+    }
+}
