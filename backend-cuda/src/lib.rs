@@ -26,6 +26,20 @@
 //! that needs the driver first checks that `libcuda.so.1` loads
 //! ([`driver::probe`]) and otherwise returns [`Error::NoDriver`] instead of
 //! letting cudarc abort.
+//!
+//! ## Testing
+//!
+//! - `cargo test -p ringcc-cuda` runs everywhere: bookkeeping unit tests,
+//!   every collective on the host fake device against the core's reference,
+//!   every kernel compiled as host C++ (`c++`) and run against the core's
+//!   kernels, and every module compiled and assembled by NVRTC when it is
+//!   found (`pip install nvidia-cuda-nvrtc-cu12`, or `RINGCC_NVRTC_LIB`;
+//!   set `RINGCC_REQUIRE_NVRTC=1` to fail rather than skip without it).
+//! - `scripts/gpu-tests.sh` runs the `#[ignore]`d GPU tests where
+//!   `nvidia-smi` finds a GPU; `scripts/gpu-check.sh` is the whole GPU check
+//!   (tests and the fused kernels' bandwidth against a device copy and
+//!   torch), with binaries from `scripts/gpu-build.sh` where the GPU machine
+//!   has no Rust toolchain.
 
 pub mod config;
 pub mod driver;

@@ -1,5 +1,5 @@
 //! The device operations the progress loop needs, behind one trait, so the
-//! same loop drives a real GPU ([`cuda`]) and a host fake ([`fake`]).
+//! same loop drives a real GPU (`cuda`) and a host fake ([`fake`]).
 //!
 //! Everything is enqueued on streams and ordered by events, the CUDA way:
 //! an engine call returns once the work is *enqueued*; it runs later, in

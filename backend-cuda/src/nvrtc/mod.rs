@@ -1,4 +1,4 @@
-//! NVRTC, loaded at run time: raw entry points ([`raw`]) → checked calls
+//! NVRTC, loaded at run time: raw entry points (`raw`) → checked calls
 //! returning [`Result`] → [`Nvrtc::compile`], which owns its program.
 //!
 //! NVRTC needs neither a GPU nor a driver, so the generated kernels are
