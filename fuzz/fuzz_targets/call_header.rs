@@ -13,5 +13,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let bytes = repr.to_bytes();
     assert_eq!(&bytes[..], &data[..32]);
-    assert_eq!(CallHeaderRepr::parse(&CallHeader::new_unchecked(&bytes[..])), Ok(repr));
+    assert_eq!(
+        CallHeaderRepr::parse(&CallHeader::new_unchecked(&bytes[..])),
+        Ok(repr)
+    );
 });

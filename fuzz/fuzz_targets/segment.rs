@@ -12,7 +12,10 @@ fuzz_target!(|input: (u32, u8, u32, Option<u32>, bool, Vec<u32>)| {
     let mtu = PathMtu::ALL[usize::from(mtu) % PathMtu::ALL.len()];
     let len = len % (1 << 18);
     let first = Psn::new(psn);
-    let remote = RemoteAddr { addr: 0x1000, rkey: Rkey(1) };
+    let remote = RemoteAddr {
+        addr: 0x1000,
+        rkey: Rkey(1),
+    };
     let s = if write {
         Segmenter::write(remote, len, mtu, first, imm)
     } else {
