@@ -104,8 +104,7 @@ pub fn icrc_ipv4(packet: &[u8]) -> Result<u32, Error> {
     if head.first().map(|b| b & 0x0f) != Some(5) {
         return Err(Error::Unsupported);
     }
-    let mut masked = [0u8; HDR];
-    masked.copy_from_slice(head);
+    let mut masked: [u8; HDR] = head.try_into().map_err(|_| Error::Truncated)?;
     for i in [1usize, 8, 10, 11, IPV4_HEADER_LEN + 6, IPV4_HEADER_LEN + 7] {
         if let Some(b) = masked.get_mut(i) {
             *b = 0xff; // ToS, TTL, header checksum, UDP checksum
@@ -119,8 +118,7 @@ pub fn icrc_ipv4(packet: &[u8]) -> Result<u32, Error> {
 pub fn icrc_ipv6(packet: &[u8]) -> Result<u32, Error> {
     const HDR: usize = IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
     let (head, rest) = split(packet, HDR)?;
-    let mut masked = [0u8; HDR];
-    masked.copy_from_slice(head);
+    let mut masked: [u8; HDR] = head.try_into().map_err(|_| Error::Truncated)?;
     if let Some(b) = masked.get_mut(0) {
         *b |= 0x0f; // traffic class, high nibble
     }
@@ -168,9 +166,12 @@ pub fn icrc_field(packet: &[u8]) -> Result<u32, Error> {
 /// 4 bytes.
 pub fn fill_icrc_ipv4(packet: &mut [u8]) -> Result<(), Error> {
     let icrc = icrc_ipv4(packet)?;
-    let at = packet.len().saturating_sub(ICRC_LEN);
-    let dst = packet.get_mut(at..).ok_or(Error::Truncated)?;
-    dst.copy_from_slice(&icrc.to_le_bytes());
+    let at = packet.len().checked_sub(ICRC_LEN).ok_or(Error::Truncated)?;
+    let dst: &mut [u8; ICRC_LEN] = packet
+        .get_mut(at..)
+        .and_then(|d| d.try_into().ok())
+        .ok_or(Error::Truncated)?;
+    *dst = icrc.to_le_bytes();
     Ok(())
 }
 

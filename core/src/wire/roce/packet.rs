@@ -130,7 +130,7 @@ impl<'a> RocePacketRepr<'a> {
             i.emit(tail(ip, at)?)?;
             at = at.saturating_add(IMMDT_LEN);
         }
-        let end = at.saturating_add(self.payload.len());
+        let end = at.checked_add(self.payload.len()).ok_or(Error::Exhausted)?;
         ip.get_mut(at..end)
             .ok_or(Error::Exhausted)?
             .copy_from_slice(self.payload);
