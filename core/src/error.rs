@@ -41,9 +41,17 @@ pub enum Error {
         elem_size: u8,
     },
     /// FIFO geometry that cannot work: zero-sized slots, slot size not a
-    /// multiple of 16 bytes, or slices whose slot count does not divide
-    /// the FIFO depth.
+    /// multiple of 16 bytes, or slices of a slot count that does not divide
+    /// the FIFO depth or leaves room for fewer than two slices.
     BadFifoGeometry,
+    /// A chunk takes as many slices as the FIFO holds (or more): the ring
+    /// would deadlock. Chunks must leave one slice free.
+    ChunkTooLargeForFifo {
+        /// Chunk size in bytes.
+        chunk_bytes: u64,
+        /// Bytes of one connection's FIFO.
+        fifo_bytes: u64,
+    },
     /// The buffer's size in bytes does not fit in a `u64`.
     CountOverflow,
     /// Two byte slices given to a reduction kernel differ in length, or a
@@ -122,7 +130,11 @@ impl core::fmt::Display for Error {
                 "chunk size {chunk_bytes} B is zero or not a multiple of the element size {elem_size} B"
             ),
             Error::BadFifoGeometry => f.write_str(
-                "bad FIFO geometry (slot size must be a non-zero multiple of 16 B, slots per slice must divide 8)",
+                "bad FIFO geometry (slot size must be a non-zero multiple of 16 B, slots per slice 1, 2 or 4)",
+            ),
+            Error::ChunkTooLargeForFifo { chunk_bytes, fifo_bytes } => write!(
+                f,
+                "chunk of {chunk_bytes} B does not leave one slice free in a {fifo_bytes} B FIFO (the ring would deadlock)"
             ),
             Error::CountOverflow => f.write_str("buffer size in bytes overflows u64"),
             Error::BadLength { dst, src } => write!(

@@ -34,7 +34,13 @@ pub const fn slot_of(step: u64) -> SlotIndex {
 /// Whether a sender that has seen `head` may fill steps `step..step+slots`.
 #[inline]
 pub const fn can_send(head: u64, step: u64, slots: u64) -> bool {
-    match (step.checked_add(slots), head.checked_add(STEPS)) {
+    can_send_depth(STEPS, head, step, slots)
+}
+
+/// [`can_send`] for a FIFO of `depth` slots.
+#[inline]
+pub const fn can_send_depth(depth: u64, head: u64, step: u64, slots: u64) -> bool {
+    match (step.checked_add(slots), head.checked_add(depth)) {
         (Some(end), Some(limit)) => end <= limit,
         _ => false,
     }
@@ -69,13 +75,19 @@ impl FifoGeometry {
     };
 
     /// `slot_bytes` per slot (a non-zero multiple of 16), `slots_per_slice`
-    /// slots per slice (1, 2, 4 or 8: it must divide [`STEPS`] so that a
-    /// slice never wraps around the end of the FIFO).
+    /// slots per slice: 1, 2 or 4. It must divide [`STEPS`], so that a
+    /// slice never wraps around the end of the FIFO, and leave room for two
+    /// slices: a ring whose FIFOs hold one slice deadlocks, since every rank
+    /// frees its input only by sending into its successor's full FIFO (the
+    /// executor's properties found exactly that).
     pub const fn new(slot_bytes: u64, slots_per_slice: u64) -> Result<FifoGeometry, Error> {
         if slot_bytes == 0 || !slot_bytes.is_multiple_of(16) {
             return Err(Error::BadFifoGeometry);
         }
-        if slots_per_slice == 0 || !STEPS.is_multiple_of(slots_per_slice) {
+        if slots_per_slice == 0
+            || !STEPS.is_multiple_of(slots_per_slice)
+            || slots_per_slice.saturating_mul(2) > STEPS
+        {
             return Err(Error::BadFifoGeometry);
         }
         Ok(FifoGeometry {
@@ -102,6 +114,22 @@ impl FifoGeometry {
     /// Bytes of the whole FIFO (what a receiver registers per connection).
     pub const fn fifo_bytes(&self) -> u64 {
         self.slot_bytes.saturating_mul(STEPS)
+    }
+
+    /// The most slices a chunk may take: one less than the FIFO holds
+    /// (see [`Machine::new`](crate::prim::Machine::new)). NCCL's geometry:
+    /// 3, with its 2-slice chunks.
+    pub const fn max_slices_per_chunk(&self) -> u64 {
+        match STEPS.checked_div(self.slots_per_slice) {
+            Some(s) => s.saturating_sub(1),
+            None => 0,
+        }
+    }
+
+    /// The largest chunk (bytes) this geometry can pipeline.
+    pub const fn max_chunk_bytes(&self) -> u64 {
+        self.max_slices_per_chunk()
+            .saturating_mul(self.slice_bytes())
     }
 
     /// Slices a chunk of `chunk_bytes` is cut into (at least 1).
@@ -157,18 +185,26 @@ impl StepCounter {
     }
 }
 
-/// A shared-memory connection: [`STEPS`] slots of `W` 64-bit words each,
-/// plus the `head` and `tail` counters. Lives in memory both sides can see;
-/// split into one [`Producer`] and one [`Consumer`].
+/// A shared-memory connection: `D` slots ([`STEPS`] unless a model
+/// checker wants a smaller state space) of `W` 64-bit words each, plus the
+/// `head` and `tail` counters. Lives in memory both sides can see; split
+/// into one [`Producer`] and one [`Consumer`].
 #[derive(Debug)]
-pub struct ShmFifo<const W: usize> {
-    slots: [[AtomicU64; W]; STEPS as usize],
-    lens: [AtomicU64; STEPS as usize],
+pub struct ShmFifo<const W: usize, const D: usize = { STEPS as usize }> {
+    slots: [[AtomicU64; W]; D],
+    lens: [AtomicU64; D],
     head: StepCounter,
     tail: StepCounter,
 }
 
-impl<const W: usize> ShmFifo<W> {
+impl<const W: usize, const D: usize> ShmFifo<W, D> {
+    /// Slots in this FIFO.
+    pub const DEPTH: u64 = D as u64;
+
+    fn slot_index(step: u64) -> usize {
+        step.checked_rem(D as u64).unwrap_or(0) as usize
+    }
+
     /// An empty FIFO, both counters at 0.
     pub fn new() -> Self {
         ShmFifo {
@@ -181,7 +217,7 @@ impl<const W: usize> ShmFifo<W> {
 
     /// The sender's and the receiver's halves. Each must be used by one
     /// thread at a time.
-    pub fn split(&self) -> (Producer<'_, W>, Consumer<'_, W>) {
+    pub fn split(&self) -> (Producer<'_, W, D>, Consumer<'_, W, D>) {
         (
             Producer {
                 fifo: self,
@@ -210,7 +246,7 @@ impl<const W: usize> ShmFifo<W> {
         if data.len() > W {
             return Err(TryError::TooLong);
         }
-        let i = usize::from(slot_of(step).0);
+        let i = Self::slot_index(step);
         let (Some(slot), Some(len)) = (self.slots.get(i), self.lens.get(i)) else {
             return Err(TryError::TooLong);
         };
@@ -224,7 +260,7 @@ impl<const W: usize> ShmFifo<W> {
     /// Reads the slot of `step` into `out` (receiver side; the caller has
     /// checked [`can_recv`]) and returns the number of words.
     pub fn read_slot(&self, step: u64, out: &mut [u64]) -> Result<usize, TryError> {
-        let i = usize::from(slot_of(step).0);
+        let i = Self::slot_index(step);
         let (Some(slot), Some(len)) = (self.slots.get(i), self.lens.get(i)) else {
             return Err(TryError::TooLong);
         };
@@ -239,7 +275,7 @@ impl<const W: usize> ShmFifo<W> {
     }
 }
 
-impl<const W: usize> Default for ShmFifo<W> {
+impl<const W: usize, const D: usize> Default for ShmFifo<W, D> {
     fn default() -> Self {
         Self::new()
     }
@@ -247,19 +283,19 @@ impl<const W: usize> Default for ShmFifo<W> {
 
 /// The sending half of a [`ShmFifo`].
 #[derive(Debug)]
-pub struct Producer<'a, const W: usize> {
-    fifo: &'a ShmFifo<W>,
+pub struct Producer<'a, const W: usize, const D: usize = { STEPS as usize }> {
+    fifo: &'a ShmFifo<W, D>,
     next: u64,
 }
 
-impl<const W: usize> Producer<'_, W> {
+impl<const W: usize, const D: usize> Producer<'_, W, D> {
     /// Sends one slot of data if a slot is free: writes it, then publishes
     /// the new `tail`. Returns the step it occupied.
     pub fn try_send(&mut self, data: &[u64]) -> Result<u64, TryError> {
         if data.len() > W {
             return Err(TryError::TooLong);
         }
-        if !can_send(self.fifo.head.load(), self.next, 1) {
+        if !can_send_depth(D as u64, self.fifo.head.load(), self.next, 1) {
             return Err(TryError::WouldBlock);
         }
         let step = self.next;
@@ -277,12 +313,12 @@ impl<const W: usize> Producer<'_, W> {
 
 /// The receiving half of a [`ShmFifo`].
 #[derive(Debug)]
-pub struct Consumer<'a, const W: usize> {
-    fifo: &'a ShmFifo<W>,
+pub struct Consumer<'a, const W: usize, const D: usize = { STEPS as usize }> {
+    fifo: &'a ShmFifo<W, D>,
     next: u64,
 }
 
-impl<const W: usize> Consumer<'_, W> {
+impl<const W: usize, const D: usize> Consumer<'_, W, D> {
     /// Receives one slot if one is filled: reads it into `out`, then frees
     /// the slot by publishing the new `head`. Returns the number of words.
     pub fn try_recv(&mut self, out: &mut [u64]) -> Result<usize, TryError> {
@@ -324,11 +360,14 @@ mod tests {
         assert_eq!(FifoGeometry::NCCL.slices_per_chunk(2 << 20), 2);
         assert_eq!(FifoGeometry::NCCL.slices_per_chunk(1), 1);
         assert_eq!(FifoGeometry::NCCL.fifo_bytes(), 4 << 20);
+        assert_eq!(FifoGeometry::NCCL.max_slices_per_chunk(), 3);
+        assert_eq!(FifoGeometry::NCCL.max_chunk_bytes(), 3 << 20);
         assert_eq!(FifoGeometry::new(0, 1), Err(Error::BadFifoGeometry));
         assert_eq!(FifoGeometry::new(24, 1), Err(Error::BadFifoGeometry));
         assert_eq!(FifoGeometry::new(16, 3), Err(Error::BadFifoGeometry));
         assert_eq!(FifoGeometry::new(16, 0), Err(Error::BadFifoGeometry));
-        assert!(FifoGeometry::new(16, 8).is_ok());
+        assert_eq!(FifoGeometry::new(16, 8), Err(Error::BadFifoGeometry));
+        assert!(FifoGeometry::new(16, 4).is_ok());
     }
 
     #[test]

@@ -282,40 +282,56 @@ pub fn run_on(
     let mut events = 0u64;
     let mut execs = 0u64;
     let stalled;
+    let mut idle = 0usize;
     // Event kinds: 0 = poll a machine, 1 = complete its exec, 2 = deliver
-    // its tail notification, 3 = deliver its head notification.
-    let mut candidates: Vec<(u8, usize)> = Vec::new();
+    // its tail notification, 3 = deliver its head notification. Pick a
+    // random machine, then a random event it has; a full scan only when
+    // many picks in a row found nothing (to tell a stall from bad luck).
+    let mut kinds: Vec<u8> = Vec::with_capacity(4);
+    let mut misses = 0usize;
     loop {
-        candidates.clear();
-        for (i, node) in nodes.iter().enumerate() {
-            if node.machine.error().is_some() {
-                continue;
-            }
+        let i = rng.below(nodes.len());
+        kinds.clear();
+        let node = &nodes[i];
+        if node.machine.error().is_none() {
             let inb = &inbox[i];
             if node.pending.is_some() {
-                candidates.push((1, i));
+                kinds.push(1);
             } else if !node.machine.is_done() {
-                candidates.push((0, i));
+                kinds.push(0);
             }
             if inb.notify_tail {
-                candidates.push((2, i));
+                kinds.push(2);
             }
             if inb.notify_head {
-                candidates.push((3, i));
+                kinds.push(3);
             }
         }
-        if candidates.is_empty() {
-            stalled = nodes
-                .iter()
-                .any(|nd| !nd.machine.is_done() && nd.machine.error().is_none());
-            break;
+        if kinds.is_empty() {
+            misses += 1;
+            if misses > 4 * nodes.len() {
+                misses = 0;
+                let any = nodes.iter().enumerate().any(|(j, nd)| {
+                    nd.machine.error().is_none()
+                        && (nd.pending.is_some()
+                            || !nd.machine.is_done()
+                            || inbox[j].notify_tail
+                            || inbox[j].notify_head)
+                });
+                if !any {
+                    stalled = false;
+                    break;
+                }
+            }
+            continue;
         }
+        misses = 0;
         events += 1;
         if events > cfg.max_events {
             stalled = true;
             break;
         }
-        let (kind, i) = candidates[rng.below(candidates.len())];
+        let kind = kinds[rng.below(kinds.len())];
         let result: Result<bool, Error> = match kind {
             0 => {
                 // Poll until the machine waits; a poll that yields nothing
@@ -389,9 +405,22 @@ pub fn run_on(
                 nodes[idx(c, prev)].machine.handle_head(head).map(|_| true)
             }
         };
-        if let Err(e) = result {
-            let r = nodes[i].rank as usize;
-            errors[r].get_or_insert(e);
+        match result {
+            Ok(true) => idle = 0,
+            Ok(false) => {
+                // Polls that yield nothing: after enough of them in a row
+                // with no delivery or completion possible, the ring is
+                // stuck.
+                idle += 1;
+                if idle > 64 * nodes.len() && !progress_possible(&nodes, &inbox) {
+                    stalled = true;
+                    break;
+                }
+            }
+            Err(e) => {
+                let r = nodes[i].rank as usize;
+                errors[r].get_or_insert(e);
+            }
         }
         // Machines that failed are dead; record their errors too.
         for nd in &nodes {
@@ -421,6 +450,15 @@ pub fn run_on(
         events,
         execs,
     }
+}
+
+/// Whether any exec completion or notification is pending (polls alone
+/// cannot unblock a machine: only these events can).
+fn progress_possible(nodes: &[Node<'_>], inbox: &[Inbox]) -> bool {
+    nodes.iter().enumerate().any(|(j, nd)| {
+        nd.machine.error().is_none()
+            && (nd.pending.is_some() || inbox[j].notify_tail || inbox[j].notify_head)
+    })
 }
 
 /// Carries out one exec of node `me` (whose inbox is `inbox[me]`), sending

@@ -187,6 +187,17 @@ impl<M: RingOrder> Machine<M> {
         if slice_elems == 0 {
             return Err(Error::BadFifoGeometry);
         }
+        // A send-only step (a ring's step 0) posts a whole chunk before the
+        // rank receives anything. If that fills the successor's FIFO on
+        // every rank at once, each rank waits for room that only its
+        // successor's send could make: deadlock. One free slice breaks it.
+        let chunk_bytes = plan.chunk_elems().saturating_mul(elem);
+        if geometry.slices_per_chunk(chunk_bytes) > geometry.max_slices_per_chunk() {
+            return Err(Error::ChunkTooLargeForFifo {
+                chunk_bytes,
+                fifo_bytes: geometry.fifo_bytes(),
+            });
+        }
         let mut m = Machine {
             steps,
             call,

@@ -1,0 +1,217 @@
+//! The state machine refuses impossible event sequences with typed errors
+//! and never panics.
+
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::prim::{Action, LinkState, Machine};
+use ringcc_core::{
+    CallDesc, ChannelId, Collective, DataType, Error, InOrderRing, Plan, ProtocolViolation, Rank,
+    ReduceOp,
+};
+
+const N: u32 = 4;
+
+fn call(seq: u64, count: u64) -> CallDesc {
+    CallDesc::new(
+        seq,
+        Collective::AllReduce,
+        count,
+        DataType::F32,
+        ReduceOp::Sum,
+    )
+}
+
+fn machine_with(seq: u64, count: u64, link: LinkState) -> Result<Machine<InOrderRing>, Error> {
+    let plan = Plan::new(Collective::AllReduce, count, DataType::F32, N, 1, 64)?;
+    let steps = plan.steps(ChannelId(0), Rank(1), InOrderRing { ranks: N })?;
+    Machine::new(call(seq, count), steps, FifoGeometry::new(32, 1)?, link)
+}
+
+fn machine() -> Machine<InOrderRing> {
+    machine_with(0, 64, LinkState::default()).unwrap()
+}
+
+fn exec(m: &mut Machine<InOrderRing>) -> ringcc_core::Exec {
+    match m.poll_action().unwrap() {
+        Some(Action::Exec(e)) => e,
+        other => panic!("expected an exec, got {other:?}"),
+    }
+}
+
+#[test]
+fn first_send_carries_the_header_and_later_ones_do_not() {
+    let mut m = machine();
+    let e = exec(&mut m);
+    assert_eq!(e.header, Some(call(0, 64)));
+    assert_eq!(e.send.unwrap().step, 0);
+    m.handle_exec_done().unwrap();
+    let e = exec(&mut m);
+    assert_eq!(e.header, None);
+    assert_eq!(e.send.unwrap().step, 1);
+}
+
+#[test]
+fn waits_for_data_and_credit() {
+    let mut m = machine();
+    // Step 0 sends 2 slices (64 B chunk / 32 B slice); then step 1 needs
+    // data: nothing to do.
+    for _ in 0..2 {
+        let _ = exec(&mut m);
+        m.handle_exec_done().unwrap();
+    }
+    assert_eq!(m.poll_action().unwrap(), None);
+    m.handle_header(0, call(0, 64)).unwrap();
+    m.handle_tail(1).unwrap();
+    let e = exec(&mut m);
+    assert_eq!(e.recv.unwrap().step, 0);
+    assert_eq!(e.send.unwrap().step, 2);
+}
+
+#[test]
+fn mismatched_header_is_a_typed_error() {
+    let mut m = machine();
+    let err = m.handle_header(0, call(0, 65)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::MismatchedCall {
+            expected: call(0, 64),
+            got: call(0, 65)
+        }
+    );
+    assert!(m.poll_action().is_err());
+    assert_eq!(m.handle_tail(1), Err(Error::Finished));
+    // A skipped call shows as a sequence mismatch.
+    let mut m = machine();
+    assert!(matches!(
+        m.handle_header(0, call(5, 64)),
+        Err(Error::MismatchedCall { .. })
+    ));
+}
+
+#[test]
+fn data_without_header_is_a_protocol_error() {
+    let mut m = machine();
+    for _ in 0..2 {
+        let _ = exec(&mut m);
+        m.handle_exec_done().unwrap();
+    }
+    m.handle_tail(1).unwrap();
+    assert_eq!(
+        m.poll_action(),
+        Err(Error::Protocol(ProtocolViolation::MissingHeader))
+    );
+}
+
+#[test]
+fn counters_that_no_correct_peer_produces() {
+    let mut m = machine();
+    m.handle_tail(3).unwrap();
+    assert_eq!(
+        m.handle_tail(2),
+        Err(Error::Protocol(ProtocolViolation::TailBackwards))
+    );
+    let mut m = machine();
+    assert_eq!(
+        m.handle_tail(9),
+        Err(Error::Protocol(ProtocolViolation::Overrun))
+    );
+    let mut m = machine();
+    assert_eq!(
+        m.handle_head(1),
+        Err(Error::Protocol(ProtocolViolation::HeadAhead))
+    );
+    let mut m = machine();
+    let _ = exec(&mut m);
+    m.handle_exec_done().unwrap();
+    m.handle_head(1).unwrap();
+    assert_eq!(
+        m.handle_head(0),
+        Err(Error::Protocol(ProtocolViolation::HeadBackwards))
+    );
+    let mut m = machine();
+    assert_eq!(m.handle_exec_done(), Err(Error::NoExecPending));
+    let mut m = machine();
+    m.handle_header(0, call(0, 64)).unwrap();
+    assert_eq!(
+        m.handle_header(0, call(0, 64)),
+        Err(Error::Protocol(ProtocolViolation::UnexpectedHeader))
+    );
+}
+
+#[test]
+fn next_calls_header_may_arrive_early_and_is_carried_over() {
+    let mut m = machine_with(7, 0, LinkState::default()).unwrap();
+    // Run the whole (empty) collective with an eager peer.
+    let mut tail = 0;
+    let mut header_given = false;
+    let mut done = false;
+    for _ in 0..1000 {
+        match m.poll_action().unwrap() {
+            Some(Action::Exec(e)) => {
+                m.handle_exec_done().unwrap();
+                if let Some(s) = e.send {
+                    m.handle_head(s.end()).unwrap();
+                }
+            }
+            Some(Action::ReturnCredit { .. }) => {}
+            Some(Action::Done) => {
+                done = true;
+                break;
+            }
+            None => {
+                if !header_given {
+                    m.handle_header(0, call(7, 0)).unwrap();
+                    header_given = true;
+                }
+                tail += 1;
+                m.handle_tail(tail).unwrap();
+            }
+        }
+    }
+    assert!(done);
+    let link = m.link();
+    // The predecessor starts call 8 right away.
+    m.handle_header(link.recv_next, call(8, 64)).unwrap();
+    let link = m.link();
+    assert_eq!(link.early_header, Some((link.recv_next, call(8, 64))));
+    // The next machine validates it: a matching call starts fine…
+    assert!(machine_with(8, 64, link).is_ok());
+    // …a different one is a mismatch at construction.
+    assert!(matches!(
+        machine_with(8, 32, link),
+        Err(Error::MismatchedCall { .. })
+    ));
+}
+
+#[test]
+fn chunk_must_leave_a_slice_free() {
+    let plan = Plan::new(Collective::AllReduce, 64, DataType::F32, N, 1, 256).unwrap();
+    let steps = plan
+        .steps(ChannelId(0), Rank(0), InOrderRing { ranks: N })
+        .unwrap();
+    // 8 slots of 32 B; 256 B chunks would take all 8 slices.
+    let err = Machine::new(
+        call(0, 64),
+        steps,
+        FifoGeometry::new(32, 1).unwrap(),
+        LinkState::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        Error::ChunkTooLargeForFifo {
+            chunk_bytes: 256,
+            fifo_bytes: 256
+        }
+    );
+    let steps = plan
+        .steps(ChannelId(0), Rank(0), InOrderRing { ranks: N })
+        .unwrap();
+    let err = Machine::new(
+        call(0, 65),
+        steps,
+        FifoGeometry::new(32, 1).unwrap(),
+        LinkState::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err, Error::PlanMismatch);
+}
