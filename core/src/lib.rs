@@ -32,6 +32,9 @@
 //!   entries and RoCEv2 packets that carry a step.
 //! - [`cost`] is the alpha-beta model (`latency + bytes / bandwidth`) and
 //!   nccl-tests' `algbw` / `busbw`.
+//! - `driver` (feature `embedded-hal`) runs a machine to completion for
+//!   firmware, polling a completion source with bounded waits through
+//!   `embedded_hal::delay::DelayNs`.
 //!
 //! Every failure is a typed [`Error`]; no input makes this crate panic (its
 //! lints forbid indexing, unchecked arithmetic, `unwrap` and `panic!` outside
@@ -58,6 +61,8 @@ mod log;
 mod math;
 
 pub mod cost;
+#[cfg(feature = "embedded-hal")]
+pub mod driver;
 pub mod error;
 pub mod fifo;
 pub mod id;

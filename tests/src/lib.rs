@@ -4,6 +4,8 @@
 //!   buffers through the core's state machines with a seeded random
 //!   interleaving, checking flow control independently of the machines.
 //! - [`reference`]: exact inputs and the reference results they must give.
+//! - [`shm`]: ranks as real threads over the core's shared-memory FIFOs,
+//!   each driven by the core's firmware `BlockingDriver`.
 //!
 //! The integration tests in `tests/` use both; the `seed_allreduce`
 //! example replays the seed documents' 4-GPU walk-through.
@@ -12,3 +14,4 @@
 
 pub mod exec;
 pub mod reference;
+pub mod shm;

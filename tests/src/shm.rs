@@ -1,0 +1,284 @@
+//! Ranks as real threads, connected by the core's shared-memory FIFOs
+//! ([`ShmFifo`]: atomics, release on post, acquire on wait), each driven by
+//! the core's firmware [`BlockingDriver`] with bounded waits. The same
+//! machines as every backend; here the concurrency is real.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use embedded_hal::delay::DelayNs;
+use ringcc_core::driver::{BlockingDriver, DriverError, Event, Transport};
+use ringcc_core::fifo::{FifoGeometry, ShmFifo};
+use ringcc_core::prim::{Action, Exec, LinkState, Machine};
+use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::topology::Topology;
+use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
+use ringcc_core::{CallDesc, ChannelId, Plan, Primitive, Rank};
+
+use crate::exec::{layout, Call, Layout, MAX_RANKS};
+
+/// Words per slot: slots of 64 bytes.
+pub const WORDS: usize = 8;
+/// The geometry the threads use: 64-byte slots, one slot per slice.
+pub fn geometry() -> FifoGeometry {
+    FifoGeometry::new((WORDS * 8) as u64, 1).unwrap()
+}
+
+const NO_HEADER: u64 = u64::MAX;
+
+/// One connection in shared memory: the receiver's FIFO and a call-header
+/// mailbox, published by the sender's `tail` store.
+pub struct Conn {
+    fifo: ShmFifo<WORDS>,
+    header: [AtomicU64; CALL_HEADER_LEN / 8],
+    header_step: AtomicU64,
+}
+
+impl Conn {
+    fn new() -> Self {
+        Conn {
+            fifo: ShmFifo::new(),
+            header: std::array::from_fn(|_| AtomicU64::new(0)),
+            header_step: AtomicU64::new(NO_HEADER),
+        }
+    }
+}
+
+/// A `DelayNs` that really sleeps (so the driver's bound is wall time).
+pub struct Sleep;
+
+impl DelayNs for Sleep {
+    fn delay_ns(&mut self, ns: u32) {
+        std::thread::sleep(Duration::from_nanos(u64::from(ns)));
+    }
+}
+
+struct RankTransport<'a> {
+    inbox: &'a Conn,
+    outbox: &'a Conn,
+    call: Call,
+    ranks: u32,
+    layout: Layout,
+    mem: &'a mut [u8],
+    geometry: FifoGeometry,
+    done: bool,
+    tail_seen: u64,
+    head_seen: u64,
+    header_seen: u64,
+}
+
+/// What a transport can fail with.
+#[derive(Debug)]
+pub enum ShmError {
+    /// A slot access failed.
+    Slot(ringcc_core::fifo::TryError),
+}
+
+fn bytes_to_words(b: &[u8]) -> Vec<u64> {
+    b.chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_ne_bytes(w)
+        })
+        .collect()
+}
+
+impl RankTransport<'_> {
+    fn read_span(&self, step: u64, slots: u64, bytes: usize) -> Result<Vec<u8>, ShmError> {
+        let mut out = Vec::with_capacity(bytes);
+        let mut words = [0u64; WORDS];
+        for k in 0..slots {
+            let n = self
+                .inbox
+                .fifo
+                .read_slot(step + k, &mut words)
+                .map_err(ShmError::Slot)?;
+            for w in &words[..n] {
+                out.extend_from_slice(&w.to_ne_bytes());
+            }
+        }
+        out.truncate(bytes);
+        Ok(out)
+    }
+
+    fn write_span(&self, step: u64, slots: u64, data: &[u8]) -> Result<(), ShmError> {
+        let slot_bytes = self.geometry.slot_bytes() as usize;
+        for k in 0..slots as usize {
+            let lo = (k * slot_bytes).min(data.len());
+            let hi = ((k + 1) * slot_bytes).min(data.len());
+            let words = bytes_to_words(&data[lo..hi]);
+            self.outbox
+                .fifo
+                .write_slot(step + k as u64, &words)
+                .map_err(ShmError::Slot)?;
+        }
+        Ok(())
+    }
+
+    fn exec(&mut self, e: &Exec) -> Result<(), ShmError> {
+        let es = self.call.dtype.size() as usize;
+        let bytes = e.count as usize * es;
+        let p = e.primitive;
+        let incoming = match e.recv {
+            Some(span) => Some(self.read_span(span.step, span.slots, bytes)?),
+            None => None,
+        };
+        let local = p.reads_input().then(|| {
+            let off = self.layout.input + e.input_offset as usize * es;
+            self.mem[off..off + bytes].to_vec()
+        });
+        let mut result = vec![0u8; bytes];
+        match (incoming, local) {
+            (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
+                reduce(self.call.dtype, self.call.op, &mut result, &inc, &loc).expect("reduce");
+                if p.finalizes() {
+                    finalize(self.call.dtype, self.call.op, &mut result, self.ranks)
+                        .expect("finalize");
+                }
+            }
+            (Some(inc), _) => result = inc,
+            (None, Some(loc)) => result = loc,
+            (None, None) => unreachable!("primitive without data"),
+        }
+        if p.contains(Primitive::COPY) {
+            let off = self.layout.output + e.output_offset as usize * es;
+            self.mem[off..off + bytes].copy_from_slice(&result);
+        }
+        if let Some(span) = e.send {
+            self.write_span(span.step, span.slots, &result)?;
+            if let Some(desc) = e.header {
+                let buf = CallHeaderRepr {
+                    desc,
+                    step: span.step as u32,
+                }
+                .to_bytes();
+                for (w, v) in self.outbox.header.iter().zip(bytes_to_words(&buf)) {
+                    w.store(v, Ordering::Relaxed);
+                }
+                self.outbox.header_step.store(span.step, Ordering::Relaxed);
+            }
+            // Release: data and header before the counter.
+            self.outbox.fifo.tail().post(span.end());
+        }
+        Ok(())
+    }
+}
+
+impl Transport for RankTransport<'_> {
+    type Error = ShmError;
+
+    fn execute(&mut self, action: &Action) -> Result<(), ShmError> {
+        match action {
+            Action::Exec(e) => {
+                self.exec(e)?;
+                self.done = true;
+            }
+            Action::ReturnCredit { head } => self.inbox.fifo.head().post(*head),
+            Action::Done => {}
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Option<Event>, ShmError> {
+        if std::mem::take(&mut self.done) {
+            return Ok(Some(Event::ExecDone));
+        }
+        let tail = self.inbox.fifo.tail().load();
+        if tail > self.tail_seen {
+            // The acquire above makes the header written before it visible.
+            let hs = self.inbox.header_step.load(Ordering::Relaxed);
+            if hs != NO_HEADER && hs != self.header_seen && hs < tail {
+                self.header_seen = hs;
+                let mut buf = Vec::with_capacity(CALL_HEADER_LEN);
+                for w in &self.inbox.header {
+                    buf.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+                }
+                let repr = CallHeaderRepr::parse(&CallHeader::new_unchecked(&buf[..]))
+                    .expect("call header");
+                return Ok(Some(Event::Header {
+                    step: hs,
+                    desc: repr.desc,
+                }));
+            }
+            self.tail_seen = tail;
+            return Ok(Some(Event::Tail(tail)));
+        }
+        let head = self.outbox.fifo.head().load();
+        if head > self.head_seen {
+            self.head_seen = head;
+            return Ok(Some(Event::Head(head)));
+        }
+        Ok(None)
+    }
+}
+
+/// Result of one rank's thread.
+pub type RankResult = Result<Vec<u8>, DriverError<ShmError>>;
+
+/// Runs one collective with a thread per rank on `nodes × gpus` ranks and
+/// `channels` channels; `calls[r]`, `inputs[r]` as for the executor.
+/// `absent` ranks never start (their peers must time out).
+pub fn run_threads(
+    nodes: u32,
+    gpus: u32,
+    channels: u32,
+    calls: &[Call],
+    inputs: &[Vec<u8>],
+    timeout: Duration,
+    absent: &[u32],
+) -> Vec<Option<RankResult>> {
+    let topo = Arc::new(Topology::<MAX_RANKS>::uniform(nodes, gpus, 1).unwrap());
+    let n = topo.ranks();
+    let conns: Arc<Vec<Conn>> = Arc::new((0..channels * n).map(|_| Conn::new()).collect());
+    let geometry = geometry();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            if absent.contains(&r) {
+                return None;
+            }
+            let (topo, conns, call, input) = (
+                topo.clone(),
+                conns.clone(),
+                calls[r as usize],
+                inputs[r as usize].clone(),
+            );
+            Some(std::thread::spawn(move || -> RankResult {
+                let plan =
+                    Plan::new(call.collective, call.count, call.dtype, n, channels, 64).unwrap();
+                let lay = layout(&plan, r, false);
+                let mut mem = vec![0u8; lay.len];
+                mem[lay.input..lay.input + input.len()].copy_from_slice(&input);
+                let desc = CallDesc::new(0, call.collective, call.count, call.dtype, call.op);
+                let mut driver = BlockingDriver::new(Sleep, 20_000, timeout.as_nanos() as u64);
+                for c in 0..channels {
+                    let ring = topo.ring(ChannelId(c as u8)).unwrap();
+                    let next = ring.next(Rank(r)).unwrap().0;
+                    let steps = plan.steps(ChannelId(c as u8), Rank(r), ring).unwrap();
+                    let mut m = Machine::new(desc, steps, geometry, LinkState::default())?;
+                    let mut t = RankTransport {
+                        inbox: &conns[(c * n + r) as usize],
+                        outbox: &conns[(c * n + next) as usize],
+                        call,
+                        ranks: n,
+                        layout: lay,
+                        mem: &mut mem,
+                        geometry,
+                        done: false,
+                        tail_seen: 0,
+                        head_seen: 0,
+                        header_seen: NO_HEADER,
+                    };
+                    driver.run(&mut m, &mut t)?;
+                }
+                let out = plan.output_len() as usize * call.dtype.size() as usize;
+                Ok(mem[lay.output..lay.output + out].to_vec())
+            }))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.map(|h| h.join().expect("rank thread panicked")))
+        .collect()
+}
