@@ -30,6 +30,8 @@
 //!   reduction kernels that every backend's results are checked against.
 //! - [`wire`] describes, byte for byte, the RDMA work requests, NIC queue
 //!   entries and RoCEv2 packets that carry a step.
+//! - [`verify`] generates nccl-tests-style inputs whose reduction is exact
+//!   in any order and counts wrong output elements (`#wrong`).
 //! - [`cost`] is the alpha-beta model (`latency + bytes / bandwidth`) and
 //!   nccl-tests' `algbw` / `busbw`.
 //! - `driver` (feature `embedded-hal`) runs a machine to completion for
@@ -71,6 +73,7 @@ pub mod prim;
 pub mod reduce;
 pub mod sync;
 pub mod topology;
+pub mod verify;
 pub mod wire;
 
 pub use error::{Error, ProtocolViolation, Result};

@@ -332,6 +332,8 @@ pub fn run_on(
             break;
         }
         let kind = kinds[rng.below(kinds.len())];
+        // The rank an error belongs to (a head goes to the predecessor).
+        let mut who = nodes[i].rank as usize;
         let result: Result<bool, Error> = match kind {
             0 => {
                 // Poll until the machine waits; a poll that yields nothing
@@ -402,7 +404,14 @@ pub fn run_on(
                 ib.notify_head = false;
                 let head = ib.head;
                 let (c, prev) = (nodes[i].channel, nodes[i].prev);
-                nodes[idx(c, prev)].machine.handle_head(head).map(|_| true)
+                who = prev as usize;
+                let target = &mut nodes[idx(c, prev)];
+                if target.machine.error().is_some() {
+                    // A dead machine hears nothing; its own error stands.
+                    Ok(true)
+                } else {
+                    target.machine.handle_head(head).map(|_| true)
+                }
             }
         };
         match result {
@@ -418,8 +427,7 @@ pub fn run_on(
                 }
             }
             Err(e) => {
-                let r = nodes[i].rank as usize;
-                errors[r].get_or_insert(e);
+                errors[who].get_or_insert(e);
             }
         }
         // Machines that failed are dead; record their errors too.

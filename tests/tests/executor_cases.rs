@@ -184,11 +184,15 @@ fn mismatched_count_is_detected_and_nobody_reports_success() {
         let succ = (bad_rank + 1) % 4;
         let mismatch = |r: usize| matches!(report.errors[r], Some(Error::MismatchedCall { .. }));
         assert!(mismatch(bad_rank) || mismatch(succ), "{:?}", report.errors);
-        assert!(report
-            .errors
-            .iter()
-            .flatten()
-            .all(|e| matches!(e, Error::MismatchedCall { .. })));
+        assert!(
+            report
+                .errors
+                .iter()
+                .flatten()
+                .all(|e| matches!(e, Error::MismatchedCall { .. })),
+            "{:?}",
+            report.errors
+        );
         // AllReduce: every rank's result depends on every other, so none
         // may finish.
         assert!(report.outputs.iter().all(Option::is_none));
