@@ -173,7 +173,9 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
 fn allreduce_buffers(comm: &Communicator, bytes: u64) -> (Vec<u8>, Vec<u8>) {
     let count = (bytes / 4) as usize;
     let v = (comm.rank() + 1) as f32;
-    let inp: Vec<u8> = std::iter::repeat_n(v.to_ne_bytes(), count).flatten().collect();
+    let inp: Vec<u8> = std::iter::repeat_n(v.to_ne_bytes(), count)
+        .flatten()
+        .collect();
     (inp, vec![0u8; count * 4])
 }
 
@@ -247,7 +249,11 @@ fn run_loop(comm: &mut Communicator, args: &Args) -> Outcome {
 }
 
 fn fault(comm: &mut Communicator, mode: &str) -> Outcome {
-    let count = if mode == "mismatch" && comm.rank() == 1 { 1030 } else { 1024 };
+    let count = if mode == "mismatch" && comm.rank() == 1 {
+        1030
+    } else {
+        1024
+    };
     let inp = vec![1u8; count * 4];
     let mut out = vec![0u8; count * 4];
     // A healthy call first, then the faulty one.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ringcc_core::topology::Topology;
 use ringcc_core::{CallDesc, ChannelId, Collective, DataType, Machine, Plan, Rank, ReduceOp};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::engine::{CallCtx, Engine};
@@ -134,7 +134,12 @@ impl Communicator {
         };
         let abort = Arc::new(AbortState::default());
         let watcher = Arc::new(client.into_watcher(Arc::clone(&abort))?);
-        info!(rank, world, channels = config.channels, "verbs: communicator ready");
+        info!(
+            rank,
+            world,
+            channels = config.channels,
+            "verbs: communicator ready"
+        );
         Ok(Communicator {
             rank,
             world,
@@ -189,32 +194,65 @@ impl Communicator {
     }
 
     /// AllReduce: `output = input₀ ⊕ … ⊕ inputₙ₋₁`.
-    pub fn all_reduce(&mut self, input: &[u8], output: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub fn all_reduce(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = self.checked(elements(input.len(), dtype, "input"))?;
         self.run(call(Collective::AllReduce, count, dtype, op), input, output)
     }
 
     /// ReduceScatter: rank `b` gets block `b` of the reduction.
-    pub fn reduce_scatter(&mut self, input: &[u8], output: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = self.checked(elements(output.len(), dtype, "output"))?;
-        self.run(call(Collective::ReduceScatter, count, dtype, op), input, output)
+        self.run(
+            call(Collective::ReduceScatter, count, dtype, op),
+            input,
+            output,
+        )
     }
 
     /// AllGather: block `b` of every output is rank `b`'s input.
     pub fn all_gather(&mut self, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
         let count = self.checked(elements(input.len(), dtype, "input"))?;
-        self.run(call(Collective::AllGather, count, dtype, ReduceOp::Sum), input, output)
+        self.run(
+            call(Collective::AllGather, count, dtype, ReduceOp::Sum),
+            input,
+            output,
+        )
     }
 
     /// Broadcast: every output is `root`'s input.
-    pub fn broadcast(&mut self, input: &[u8], output: &mut [u8], dtype: DataType, root: u32) -> Result<()> {
+    pub fn broadcast(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        root: u32,
+    ) -> Result<()> {
         let count = self.checked(elements(output.len(), dtype, "output"))?;
         let c = Collective::Broadcast { root: Rank(root) };
         self.run(call(c, count, dtype, ReduceOp::Sum), input, output)
     }
 
     /// Reduce: `root`'s output is the reduction of every input.
-    pub fn reduce(&mut self, input: &[u8], output: &mut [u8], dtype: DataType, op: ReduceOp, root: u32) -> Result<()> {
+    pub fn reduce(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: u32,
+    ) -> Result<()> {
         let count = self.checked(elements(input.len(), dtype, "input"))?;
         let c = Collective::Reduce { root: Rank(root) };
         self.run(call(c, count, dtype, op), input, output)
@@ -252,8 +290,10 @@ impl Communicator {
         let need_in = plan.input_len().saturating_mul(elem);
         let need_out = plan.output_len().saturating_mul(elem);
         let root = call.collective.root().map(|r| r.0);
-        let may_skip_in = matches!(call.collective, Collective::Broadcast { .. }) && root != Some(self.rank);
-        let may_skip_out = matches!(call.collective, Collective::Reduce { .. }) && root != Some(self.rank);
+        let may_skip_in =
+            matches!(call.collective, Collective::Broadcast { .. }) && root != Some(self.rank);
+        let may_skip_out =
+            matches!(call.collective, Collective::Reduce { .. }) && root != Some(self.rank);
         if input.len() as u64 != need_in && !(may_skip_in && input.is_empty()) {
             return Err(Error::BadBuffer {
                 what: "input",
@@ -275,12 +315,16 @@ impl Communicator {
         for chan in &self.engine.chans {
             let id = ChannelId(chan.id);
             let ring = self.topo.ring(id).map_err(Error::core("Topology::ring"))?;
-            let steps = plan.steps(id, me, ring).map_err(Error::core("Plan::steps"))?;
+            let steps = plan
+                .steps(id, me, ring)
+                .map_err(Error::core("Plan::steps"))?;
             machines.push(
-                Machine::new(desc, steps, geometry, chan.link).map_err(Error::core("Machine::new"))?,
+                Machine::new(desc, steps, geometry, chan.link)
+                    .map_err(Error::core("Machine::new"))?,
             );
         }
         // Register the caller's buffers on every device that sends.
+        let t_reg = std::time::Instant::now();
         let nics = &self.engine.nics;
         let mut input_mr = Vec::with_capacity(nics.len());
         let mut output_mr = Vec::with_capacity(nics.len());
@@ -288,9 +332,15 @@ impl Communicator {
             // SAFETY: both buffers outlive `ctx`, which holds the
             // registrations and is dropped before this function returns;
             // the engine returns only when no request reads them.
-            input_mr.push(unsafe { UserMr::register(&nic.pd, input.as_ptr(), input.len(), &nic.name)? });
-            output_mr.push(unsafe { UserMr::register(&nic.pd, output.as_ptr(), output.len(), &nic.name)? });
+            input_mr.push(unsafe {
+                UserMr::register(&nic.pd, input.as_ptr(), input.len(), &nic.name)?
+            });
+            output_mr.push(unsafe {
+                UserMr::register(&nic.pd, output.as_ptr(), output.len(), &nic.name)?
+            });
         }
+        let reg_us = t_reg.elapsed().as_micros();
+        let t_run = std::time::Instant::now();
         let mut ctx = CallCtx {
             call: desc,
             nranks: self.world,
@@ -298,8 +348,16 @@ impl Communicator {
             output,
             input_mr,
             output_mr,
+            host_time: std::time::Duration::ZERO,
         };
         let r = self.engine.run_call(&mut machines, &mut ctx, &self.abort);
+        debug!(
+            call = %desc,
+            register_us = reg_us,
+            run_us = t_run.elapsed().as_micros(),
+            host_us = ctx.host_time.as_micros(),
+            "verbs: call done"
+        );
         if r.is_err() {
             // Stop the NIC reading the caller's buffers before their
             // registrations go.

@@ -11,7 +11,7 @@
 //! | `RINGCC_NCHANNELS` | [`channels`](Config::channels) | 2 |
 //! | `RINGCC_SLOT_BYTES` | [`slot_bytes`](Config::slot_bytes) | 512 KiB |
 //! | `RINGCC_SLOTS_PER_SLICE` | [`slots_per_slice`](Config::slots_per_slice) | 2 |
-//! | `RINGCC_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | 2 slices |
+//! | `RINGCC_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes), at most `8 / slots_per_slice − 1` slices | 2 slices |
 //! | `RINGCC_TIMEOUT` | [`timeout`](Config::timeout), seconds without progress | 30 |
 //! | `RINGCC_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), seconds | 60 |
 //! | `RINGCC_SPIN_US` | [`spin`](Config::spin) before sleeping on completion events | 50 |
@@ -126,7 +126,11 @@ impl Config {
 
     /// The defaults, overridden by variables read through `get`.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
-        let get = |k: &str| get(k).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let get = |k: &str| {
+            get(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
         let mut c = Config::default();
         if let Some(v) = get("RINGCC_IB_HCA") {
             c.devices = v.split(',').map(|d| d.trim().to_owned()).collect();
@@ -202,7 +206,16 @@ impl Config {
 
     /// Checks the values that cannot work.
     pub fn validate(&self) -> Result<()> {
-        self.geometry()?;
+        let g = self.geometry()?;
+        if self.chunk_bytes > g.max_chunk_bytes() {
+            return Err(Error::Config(format!(
+                "chunk_bytes {} exceeds the {} bytes the FIFO can pipeline \
+                 (at most 8 / slots_per_slice - 1 slices of {} bytes)",
+                self.chunk_bytes,
+                g.max_chunk_bytes(),
+                g.slice_bytes()
+            )));
+        }
         if self.channels == 0 || self.channels > ringcc_core::topology::MAX_CHANNELS {
             return Err(Error::Config(format!(
                 "{} channels (1..=64)",
@@ -318,6 +331,7 @@ mod tests {
             ("RINGCC_SLOT_BYTES", "100"),
             ("RINGCC_SLOTS_PER_SLICE", "3"),
             ("RINGCC_CHUNK_BYTES", "12"),
+            ("RINGCC_CHUNK_BYTES", "4194304"),
             ("RINGCC_IB_TIMEOUT", "40"),
             ("RINGCC_IB_PORT", "x"),
             ("RINGCC_TIMEOUT", "-1"),

@@ -49,6 +49,8 @@ pub(crate) struct CallCtx<'a> {
     pub output: &'a mut [u8],
     pub input_mr: Vec<Option<UserMr<'a>>>,
     pub output_mr: Vec<Option<UserMr<'a>>>,
+    /// Time spent reducing and copying on the host (for the debug log).
+    pub host_time: Duration,
 }
 
 /// Everything a rank's data path owns.
@@ -224,7 +226,11 @@ impl Engine {
         Ok(())
     }
 
-    fn on_recv<M: RingOrder>(&mut self, wc: &Completion, machines: &mut [Machine<M>]) -> Result<()> {
+    fn on_recv<M: RingOrder>(
+        &mut self,
+        wc: &Completion,
+        machines: &mut [Machine<M>],
+    ) -> Result<()> {
         let sps = self.geometry.slots_per_slice();
         let (id, chan) = self.chan_of(wc)?;
         let c = chan.id;
@@ -250,20 +256,23 @@ impl Engine {
                             .map_err(Error::core("Machine::handle_header"))?;
                     }
                 }
-                m.handle_tail(end).map_err(Error::core("Machine::handle_tail"))?;
+                m.handle_tail(end)
+                    .map_err(Error::core("Machine::handle_tail"))?;
             }
             Kind::CreditRecv => {
                 let s = chan.send.as_mut().ok_or_else(|| missing(c, "send"))?;
                 check(wc, id.kind, c, s.peer)?;
                 s.qp.post_recvs([wc.wr_id])?;
+                // The counter is the truth: it was written before this
+                // completion was raised, and possibly again since (so it
+                // may be ahead of this completion's immediate, which only
+                // wakes us up).
                 let known = m.link().send_head;
                 let word = s.counter.read_word(0).unwrap_or([0; 8]);
-                let mut head = decode_credit(word);
-                if let Some(imm) = wc.imm {
-                    head = head.max(widen_step(imm, known));
-                }
+                let head = decode_credit(word);
                 if head > known {
-                    m.handle_head(head).map_err(Error::core("Machine::handle_head"))?;
+                    m.handle_head(head)
+                        .map_err(Error::core("Machine::handle_head"))?;
                 }
             }
             Kind::Data | Kind::Credit => {
@@ -313,7 +322,12 @@ impl Engine {
         Ok(())
     }
 
-    fn stalled<M: RingOrder>(&self, machines: &[Machine<M>], done: &[bool], after: Duration) -> Error {
+    fn stalled<M: RingOrder>(
+        &self,
+        machines: &[Machine<M>],
+        done: &[bool],
+        after: Duration,
+    ) -> Error {
         let mut parts = Vec::new();
         for (c, m) in machines.iter().enumerate() {
             if done.get(c).copied().unwrap_or(true) {
@@ -348,16 +362,18 @@ impl Engine {
     pub fn shut_down(&mut self) {
         for chan in &mut self.chans {
             if let Some(s) = chan.send.as_mut() {
-                let _ = s.qp.to_error();
+                let _ = s.qp.set_error();
             }
             if let Some(r) = chan.recv.as_mut() {
-                let _ = r.qp.to_error();
+                let _ = r.qp.set_error();
             }
         }
         let t0 = Instant::now();
         let mut quiet_since = Instant::now();
         let mut wcs = Vec::new();
-        while t0.elapsed() < Duration::from_secs(2) && quiet_since.elapsed() < Duration::from_millis(100) {
+        while t0.elapsed() < Duration::from_secs(2)
+            && quiet_since.elapsed() < Duration::from_millis(100)
+        {
             let mut any = false;
             for cq in &self.cqs {
                 wcs.clear();
@@ -379,7 +395,9 @@ fn opt(v: Option<u32>) -> String {
 }
 
 fn missing(channel: u8, what: &str) -> Error {
-    Error::RendezvousProtocol(format!("completion for channel {channel}, which has no {what} side"))
+    Error::RendezvousProtocol(format!(
+        "completion for channel {channel}, which has no {what} side"
+    ))
 }
 
 fn no_imm(channel: u8, peer: u32) -> Error {

@@ -139,7 +139,10 @@ impl Error {
     }
 
     /// Wraps a lower-layer error of a verbs call.
-    pub(crate) fn verbs<E: Into<BoxError>>(call: &'static str, device: &str) -> impl FnOnce(E) -> Error {
+    pub(crate) fn verbs<E: Into<BoxError>>(
+        call: &'static str,
+        device: &str,
+    ) -> impl FnOnce(E) -> Error {
         let device = device.to_owned();
         move |e| Error::Verbs {
             call,

@@ -81,20 +81,27 @@ impl Engine {
         if let Some(span) = e.send {
             let nic = self.send_nic(c)?;
             self.wait_until(nic, abort, "room on the send queue", |eng| {
-                eng.chans.get(c).and_then(|ch| ch.send.as_ref()).is_some_and(|s| {
-                    s.out.in_flight.saturating_add(SLICE_REQUESTS) <= SQ_DEPTH
-                        && (!staged || staging_free(s.sent_done, span.step, span.slots))
-                })
+                eng.chans
+                    .get(c)
+                    .and_then(|ch| ch.send.as_ref())
+                    .is_some_and(|s| {
+                        s.out.in_flight.saturating_add(SLICE_REQUESTS) <= SQ_DEPTH
+                            && (!staged || staging_free(s.sent_done, span.step, span.slots))
+                    })
             })?;
         }
 
+        let t_host = std::time::Instant::now();
         let chan = self
             .chans
             .get(c)
             .ok_or_else(|| bad(format!("channel {c}")))?;
         let incoming: Option<&[u8]> = match e.recv {
             Some(span) => {
-                let r = chan.recv.as_ref().ok_or_else(|| bad("recv without a predecessor".into()))?;
+                let r = chan
+                    .recv
+                    .as_ref()
+                    .ok_or_else(|| bad("recv without a predecessor".into()))?;
                 // SAFETY: the machine hands out a receive span only once
                 // the predecessor's tail covers it, and the predecessor
                 // writes the slot again only after our credit for it,
@@ -121,8 +128,13 @@ impl Engine {
                     }
                     Src::Output(out_range.start)
                 } else {
-                    let span = e.send.ok_or_else(|| bad("recvReduce without send".into()))?;
-                    let s = chan.send.as_ref().ok_or_else(|| bad("send without a successor".into()))?;
+                    let span = e
+                        .send
+                        .ok_or_else(|| bad("recvReduce without send".into()))?;
+                    let s = chan
+                        .send
+                        .as_ref()
+                        .ok_or_else(|| bad("send without a successor".into()))?;
                     let at = span.byte_offset(&geometry);
                     // SAFETY: staging has no remote access; the write that
                     // last read these slots has completed (checked above)
@@ -155,6 +167,7 @@ impl Engine {
             Src::Input(in_range.start)
         };
 
+        ctx.host_time += t_host.elapsed();
         let Some(span) = e.send else {
             return Ok(());
         };

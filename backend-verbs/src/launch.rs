@@ -62,7 +62,11 @@ pub struct Launch {
 /// (launcher, rank variable, world-size variable), in detection order.
 const SOURCES: [(Launcher, &str, &str); 5] = [
     (Launcher::Ringcc, "RINGCC_RANK", "RINGCC_WORLD_SIZE"),
-    (Launcher::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    (
+        Launcher::OpenMpi,
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+    ),
     (Launcher::Pmi, "PMI_RANK", "PMI_SIZE"),
     (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS"),
     (Launcher::Torchrun, "RANK", "WORLD_SIZE"),
@@ -162,10 +166,12 @@ fn rendezvous_addr(get: &impl Fn(&str) -> Option<String>, launcher: Launcher) ->
     if let Some(host) = get("MASTER_ADDR") {
         let port = match (get("RINGCC_PORT"), get("MASTER_PORT")) {
             (Some(_), _) | (None, None) => default_port,
-            (None, Some(p)) => parse_port("MASTER_PORT", &p)?.checked_add(1).ok_or(Error::Env {
-                var: "MASTER_PORT".into(),
-                reason: "no port above it for ringcc's store".into(),
-            })?,
+            (None, Some(p)) => parse_port("MASTER_PORT", &p)?
+                .checked_add(1)
+                .ok_or(Error::Env {
+                    var: "MASTER_PORT".into(),
+                    reason: "no port above it for ringcc's store".into(),
+                })?,
         };
         return Ok(join_host_port(host.trim(), port));
     }
@@ -334,17 +340,15 @@ mod tests {
             ("RINGCC_ADDR", "head:1234"),
         ])
         .unwrap();
-        assert_eq!((l.rank, l.world_size, l.launcher), (3, 8, Launcher::OpenMpi));
+        assert_eq!(
+            (l.rank, l.world_size, l.launcher),
+            (3, 8, Launcher::OpenMpi)
+        );
     }
 
     #[test]
     fn pmi() {
-        let l = launch(&[
-            ("PMI_RANK", "1"),
-            ("PMI_SIZE", "2"),
-            ("RINGCC_ADDR", "h:1"),
-        ])
-        .unwrap();
+        let l = launch(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("RINGCC_ADDR", "h:1")]).unwrap();
         assert_eq!((l.rank, l.world_size, l.launcher), (1, 2, Launcher::Pmi));
     }
 
@@ -399,8 +403,8 @@ mod tests {
         assert!(e.to_string().contains("out of range"), "{e}");
         let e = launch(&[("RINGCC_RANK", "0"), ("RINGCC_WORLD_SIZE", "0")]).unwrap_err();
         assert!(e.to_string().contains("at least 1"), "{e}");
-        let e = launch(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])
-            .unwrap_err();
+        let e =
+            launch(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap_err();
         assert!(e.to_string().contains("RINGCC_ADDR"), "{e}");
         let e = launch(&[
             ("RINGCC_RANK", "0"),

@@ -206,8 +206,24 @@ pub(crate) fn build(
             continue;
         }
         let (si, ri) = (index_of_device[&s], index_of_device[&r]);
-        let send = SendHalf::new(c, next, si, &opened[si], &cqs[si], &geometry, psn(rank, c, 0))?;
-        let recv = RecvHalf::new(c, prev, ri, &opened[ri], &cqs[ri], &geometry, psn(rank, c, 1))?;
+        let send = SendHalf::new(
+            c,
+            next,
+            si,
+            &opened[si],
+            &cqs[si],
+            &geometry,
+            psn(rank, c, 0),
+        )?;
+        let recv = RecvHalf::new(
+            c,
+            prev,
+            ri,
+            &opened[ri],
+            &cqs[ri],
+            &geometry,
+            psn(rank, c, 1),
+        )?;
         ends.push(ChannelEnds {
             send: Some(send.end()),
             recv: Some(recv.end(config.fault)),

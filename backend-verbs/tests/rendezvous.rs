@@ -147,8 +147,10 @@ fn a_vanished_rank_aborts_the_others_but_a_clean_leave_does_not() {
     // Rank 2 speaks the protocol by hand, so that it can vanish without a
     // bye, as a killed process does.
     let mut raw = TcpStream::connect(&addr).unwrap();
-    raw.write_all(b"{\"type\":\"hello\",\"version\":1,\"token\":\"t\",\"rank\":2,\"world_size\":3}\n")
-        .unwrap();
+    raw.write_all(
+        b"{\"type\":\"hello\",\"version\":1,\"token\":\"t\",\"rank\":2,\"world_size\":3}\n",
+    )
+    .unwrap();
     let mut welcome = [0u8; 64];
     let n = raw.read(&mut welcome).unwrap();
     assert!(String::from_utf8_lossy(&welcome[..n]).contains("welcome"));
@@ -220,7 +222,13 @@ fn connecting_to_nothing_fails_within_the_deadline() {
         1,
         Duration::from_millis(500),
     );
-    assert!(matches!(r, Err(Error::Rendezvous { call: "connect", .. })));
+    assert!(matches!(
+        r,
+        Err(Error::Rendezvous {
+            call: "connect",
+            ..
+        })
+    ));
     assert!(t0.elapsed() < Duration::from_secs(3));
 }
 

@@ -54,7 +54,11 @@ fn every_collective_on_one_rank_equals_the_reference() {
                     op,
                 };
                 comm.run(call, &inp, &mut out).unwrap();
-                assert_eq!(Some(out), expected(&plan, op, 0, i), "{collective} {count} {dtype} {op}");
+                assert_eq!(
+                    Some(out),
+                    expected(&plan, op, 0, i),
+                    "{collective} {count} {dtype} {op}"
+                );
             }
         }
     }
@@ -102,7 +106,10 @@ fn an_abort_handle_fails_the_next_call_and_never_blocks() {
     let inp = vec![0u8; 4];
     let mut out = vec![0u8; 4];
     match comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum) {
-        Err(Error::Aborted { rank: Some(0), reason }) => assert!(reason.contains("ctrl-c")),
+        Err(Error::Aborted {
+            rank: Some(0),
+            reason,
+        }) => assert!(reason.contains("ctrl-c")),
         other => panic!("expected an abort, got {other:?}"),
     }
 }

@@ -11,8 +11,8 @@ use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::BasicCompletionQueue;
 use sideway::ibverbs::device_context::Mtu;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
-    SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
+    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, SetInlineData,
+    SetScatterGatherEntry, WorkRequestFlags,
 };
 use sideway::ibverbs::AccessFlags;
 
@@ -216,7 +216,8 @@ impl Qp<Rts> {
         let mut guard = self.qp.start_post_send();
         let mut n = 0u32;
         for wr in wrs {
-            wr.validate().map_err(Error::core("WorkRequest::validate"))?;
+            wr.validate()
+                .map_err(Error::core("WorkRequest::validate"))?;
             let remote = wr
                 .remote
                 .ok_or_else(|| bad("an RDMA write without a remote address".into()))?;
@@ -248,7 +249,7 @@ impl Qp<Rts> {
 
     /// Moves the queue pair to ERROR: outstanding requests are flushed
     /// (complete with `WR_FLUSH_ERR`), nothing more is sent or accepted.
-    pub fn to_error(&mut self) -> Result<()> {
+    pub fn set_error(&mut self) -> Result<()> {
         let mut a = QueuePairAttribute::new();
         a.setup_state(QueuePairState::Error);
         self.qp

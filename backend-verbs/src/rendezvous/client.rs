@@ -103,14 +103,7 @@ impl StoreClient {
                     "expected welcome, got {other:?}"
                 )))
             }
-            Err(e) => {
-                return Err(recv_error(
-                    addr,
-                    "the store's welcome",
-                    timeout,
-                    e,
-                ))
-            }
+            Err(e) => return Err(recv_error(addr, "the store's welcome", timeout, e)),
         }
         debug!(rank, addr, "rendezvous: joined");
         Ok(StoreClient {

@@ -1,0 +1,400 @@
+//! Multi-process tests on a real verbs device: every rank is a separate
+//! `verbs_rank` process (the example), all on one RDMA device. They need
+//! Soft-RoCE, so they are ignored by default; `scripts/verbs-vm-tests.sh`
+//! boots a VM with `rxe0` and runs them with `--ignored`.
+//!
+//! The rank binary is `RINGCC_VERBS_RANK_BIN`, or `examples/verbs_rank`
+//! next to this test's `deps/` directory (`cargo build --example
+//! verbs_rank` with the same profile).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn rank_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RINGCC_VERBS_RANK_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    profile_dir.join("examples").join("verbs_rank")
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// What one rank process did.
+#[derive(Debug)]
+struct Exit {
+    rank: u32,
+    code: Option<i32>,
+    out: String,
+    err: String,
+    at: Duration,
+}
+
+impl Exit {
+    fn result(&self) -> &str {
+        self.out
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("RESULT"))
+            .unwrap_or("(no RESULT line)")
+    }
+}
+
+/// A running job of `n` rank processes.
+struct Job {
+    children: Vec<Option<Child>>,
+    lines: mpsc::Receiver<(u32, bool, String)>,
+    out: Vec<(String, String)>,
+    addr: String,
+    t0: Instant,
+}
+
+impl Job {
+    /// Starts `n` ranks of `verbs_rank args…`; `env(rank)` adds variables.
+    fn start(n: u32, args: &[&str], env: impl Fn(u32) -> Vec<(String, String)>) -> Job {
+        let port = free_port();
+        let token = format!("vm-test-{port}");
+        let (tx, rx) = mpsc::channel();
+        let mut children = Vec::new();
+        for r in 0..n {
+            let mut cmd = Command::new(rank_bin());
+            cmd.args(args)
+                .env("RINGCC_RANK", r.to_string())
+                .env("RINGCC_WORLD_SIZE", n.to_string())
+                .env("RINGCC_ADDR", format!("127.0.0.1:{port}"))
+                .env("RINGCC_TOKEN", &token)
+                .env("RINGCC_CONNECT_TIMEOUT", "60")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env(r) {
+                cmd.env(k, v);
+            }
+            let mut child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", rank_bin()));
+            for (is_err, pipe) in [
+                (
+                    false,
+                    child
+                        .stdout
+                        .take()
+                        .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+                ),
+                (
+                    true,
+                    child
+                        .stderr
+                        .take()
+                        .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+                ),
+            ] {
+                let tx = tx.clone();
+                let pipe = pipe.expect("pipe");
+                thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        let _ = tx.send((r, is_err, line));
+                    }
+                });
+            }
+            children.push(Some(child));
+        }
+        Job {
+            children,
+            lines: rx,
+            out: vec![(String::new(), String::new()); n as usize],
+            addr: format!("127.0.0.1:{port}"),
+            t0: Instant::now(),
+        }
+    }
+
+    /// Files one line of output, waiting up to `wait`; whether one came.
+    fn take_lines(&mut self, wait: Duration) -> bool {
+        let Ok((r, is_err, line)) = self.lines.recv_timeout(wait) else {
+            return false;
+        };
+        let slot = &mut self.out[r as usize];
+        let buf = if is_err { &mut slot.1 } else { &mut slot.0 };
+        buf.push_str(&line);
+        buf.push('\n');
+        true
+    }
+
+    /// Waits until rank `r` prints a line starting with `prefix`.
+    fn wait_for(&mut self, r: u32, prefix: &str, limit: Duration) {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if self.out[r as usize]
+                .0
+                .lines()
+                .any(|l| l.starts_with(prefix))
+            {
+                return;
+            }
+            self.take_lines(Duration::from_millis(100));
+        }
+        let dump = self.finish(Duration::from_secs(1));
+        panic!("rank {r} did not print {prefix:?} in {limit:?}: {dump:#?}");
+    }
+
+    fn kill(&mut self, r: u32) {
+        if let Some(c) = self.children[r as usize].as_mut() {
+            c.kill().expect("kill");
+        }
+    }
+
+    /// Waits for every rank (killing what is left after `limit`).
+    fn finish(&mut self, limit: Duration) -> Vec<Exit> {
+        let n = self.children.len();
+        let mut exits: Vec<Option<(Option<i32>, Duration)>> = vec![None; n];
+        let deadline = Instant::now() + limit;
+        while exits.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (r, c) in self.children.iter_mut().enumerate() {
+                if exits[r].is_some() {
+                    continue;
+                }
+                if let Some(child) = c.as_mut() {
+                    if let Ok(Some(st)) = child.try_wait() {
+                        exits[r] = Some((st.code(), self.t0.elapsed()));
+                    }
+                }
+            }
+            self.take_lines(Duration::from_millis(20));
+        }
+        for (r, c) in self.children.iter_mut().enumerate() {
+            if let Some(mut child) = c.take() {
+                if exits[r].is_none() {
+                    let _ = child.kill();
+                }
+                let _ = child.wait();
+            }
+        }
+        // Collect the rest of the output.
+        while self.take_lines(Duration::from_millis(200)) {}
+        exits
+            .into_iter()
+            .enumerate()
+            .map(|(r, e)| Exit {
+                rank: r as u32,
+                code: e.and_then(|(c, _)| c),
+                out: self.out[r].0.clone(),
+                err: self.out[r].1.clone(),
+                at: e.map_or(limit, |(_, t)| t),
+            })
+            .collect()
+    }
+}
+
+fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn assert_all_ok(exits: &[Exit]) {
+    for e in exits {
+        println!("rank {}: {} [{:?}]", e.rank, e.result(), e.at);
+    }
+    for e in exits {
+        assert_eq!(
+            e.code,
+            Some(0),
+            "rank {} failed: {}\n{}",
+            e.rank,
+            e.result(),
+            e.err
+        );
+    }
+}
+
+/// Small slots, so that small buffers still take many steps, slices and
+/// loops (and wrap the FIFO many times).
+const SMALL: [(&str, &str); 3] = [
+    ("RINGCC_SLOT_BYTES", "4096"),
+    ("RINGCC_SLOTS_PER_SLICE", "2"),
+    ("RINGCC_CHUNK_BYTES", "16384"),
+];
+
+fn suite(n: u32, channels: u32, extra: &[(&str, &str)], node_of: impl Fn(u32) -> Option<String>) {
+    let ch = channels.to_string();
+    let mut job = Job::start(n, &["suite"], |r| {
+        let mut v = vars(&SMALL);
+        v.extend(vars(extra));
+        v.push(("RINGCC_NCHANNELS".into(), ch.clone()));
+        if let Some(node) = node_of(r) {
+            v.push(("RINGCC_NODE".into(), node));
+        }
+        v
+    });
+    assert_all_ok(&job.finish(Duration::from_secs(400)));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_2_ranks_1_channel() {
+    suite(2, 1, &[], |_| None);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_2_ranks_4_channels_default_geometry() {
+    let mut job = Job::start(2, &["suite", "--sizes", "0,5,70001,300007"], |_| {
+        vars(&[("RINGCC_NCHANNELS", "4")])
+    });
+    assert_all_ok(&job.finish(Duration::from_secs(400)));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_3_ranks_2_channels() {
+    suite(3, 2, &[("RINGCC_SLOTS_PER_SLICE", "1")], |_| None);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_4_ranks_2_nodes_2_nics_3_channels() {
+    // Two fake nodes of two ranks and two "NICs" (both rxe0): the rings
+    // cross nodes through NIC channel mod 2, as on a real cluster.
+    suite(4, 3, &[("RINGCC_IB_HCA", "rxe0,rxe0")], |r| {
+        Some(format!("node{}", r / 2))
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_8_ranks_2_channels() {
+    suite(8, 2, &[], |_| None);
+}
+
+fn expect_all_failed(exits: &[Exit], limit: Duration) {
+    for e in exits {
+        println!("rank {}: {} [{:?}]", e.rank, e.result(), e.at);
+    }
+    for e in exits {
+        assert_eq!(
+            e.code,
+            Some(2),
+            "rank {} did not fail cleanly: {}\n{}",
+            e.rank,
+            e.result(),
+            e.err
+        );
+        assert!(e.at < limit, "rank {} took {:?}", e.rank, e.at);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_wrong_rkey_is_a_remote_access_error_and_aborts_everyone() {
+    let mut job = Job::start(3, &["bad-rkey"], |_| vars(&[("RINGCC_TIMEOUT", "20")]));
+    let exits = job.finish(Duration::from_secs(120));
+    expect_all_failed(&exits, Duration::from_secs(60));
+    // Rank 0 writes into rank 1's FIFO with the corrupted key.
+    assert!(
+        exits[0].result().contains("IBV_WC_REM_ACCESS_ERR"),
+        "rank 0: {}",
+        exits[0].result()
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_mismatched_counts_are_detected() {
+    let mut job = Job::start(3, &["mismatch"], |_| vars(&[("RINGCC_TIMEOUT", "20")]));
+    let exits = job.finish(Duration::from_secs(120));
+    expect_all_failed(&exits, Duration::from_secs(60));
+    // Rank 2 receives from rank 1, which called with another count.
+    assert!(
+        exits[2].result().contains("mismatched call"),
+        "rank 2: {}",
+        exits[2].result()
+    );
+}
+
+fn killed(victim: u32) {
+    let n = 4;
+    let mut job = Job::start(
+        n,
+        &["loop", "--bytes", "262144", "--seconds", "300"],
+        |_| vars(&[("RINGCC_TIMEOUT", "15")]),
+    );
+    for r in 0..n {
+        job.wait_for(r, "READY", Duration::from_secs(120));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let t_kill = job.t0.elapsed();
+    job.kill(victim);
+    let exits = job.finish(Duration::from_secs(90));
+    for e in &exits {
+        println!(
+            "rank {}: {} [{:?} after the kill]",
+            e.rank,
+            e.result(),
+            e.at.saturating_sub(t_kill)
+        );
+    }
+    for e in exits.iter().filter(|e| e.rank != victim) {
+        assert_eq!(
+            e.code,
+            Some(2),
+            "rank {} did not fail cleanly: {}\n{}",
+            e.rank,
+            e.result(),
+            e.err
+        );
+        let after = e.at.saturating_sub(t_kill);
+        assert!(
+            after < Duration::from_secs(20),
+            "rank {} took {after:?} after the kill",
+            e.rank
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_a_killed_rank_fails_the_others_within_the_deadline() {
+    killed(2);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_killing_rank_0_and_its_store_fails_the_others() {
+    killed(0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_a_stranger_with_the_wrong_token_is_rejected_and_the_job_runs() {
+    let mut job = Job::start(2, &["suite", "--sizes", "1,1000"], |_| vars(&SMALL));
+    // Wait until rank 0 serves, then knock with the wrong token as rank 1.
+    thread::sleep(Duration::from_millis(500));
+    let addr = job.addr.clone();
+    let stranger = Command::new(rank_bin())
+        .arg("stranger")
+        .env("RINGCC_RANK", "1")
+        .env("RINGCC_WORLD_SIZE", "2")
+        .env("RINGCC_ADDR", &addr)
+        .env("RINGCC_CONNECT_TIMEOUT", "30")
+        .output()
+        .expect("stranger");
+    let s_out = String::from_utf8_lossy(&stranger.stdout);
+    println!("stranger: {s_out}");
+    assert_eq!(stranger.status.code(), Some(0), "stranger: {s_out}");
+    assert!(s_out.contains("token"), "{s_out}");
+    let exits = job.finish(Duration::from_secs(300));
+    assert_all_ok(&exits);
+    assert!(
+        exits[0].err.contains("rejected connection"),
+        "rank 0 did not log the rejection: {}",
+        exits[0].err
+    );
+}
