@@ -118,7 +118,7 @@ impl Engine {
                     progressed = true;
                 }
             }
-            if done.iter().all(|d| *d) && self.data_drained() {
+            if done.iter().all(|d| *d) && self.drained() {
                 break;
             }
             let now = Instant::now();
@@ -154,12 +154,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether every data write has completed (the caller's buffers are
-    /// no longer read by the NIC).
-    fn data_drained(&self) -> bool {
-        self.chans
-            .iter()
-            .all(|c| c.send.as_ref().is_none_or(|s| s.out.is_empty()))
+    /// Whether every request has completed: no data write still reads the
+    /// caller's buffers, and every credit has reached the predecessor (a
+    /// rank that returns and exits must not leave its last credit behind,
+    /// or the predecessor would wait for it in vain).
+    fn drained(&self) -> bool {
+        self.chans.iter().all(|c| {
+            c.send.as_ref().is_none_or(|s| s.out.is_empty())
+                && c.recv.as_ref().is_none_or(|r| r.out.is_empty())
+        })
     }
 
     /// Polls every queue once; whether anything completed.
@@ -193,11 +196,12 @@ impl Engine {
 
     fn chan_of(&mut self, wc: &Completion) -> Result<(WrId, &mut Chan)> {
         let id = WrId::decode(wc.wr_id).ok_or_else(|| {
-            Error::RendezvousProtocol(format!("completion with a foreign wr_id {:#x}", wc.wr_id))
+            Error::Internal(format!("completion with a foreign wr_id {:#x}", wc.wr_id))
         })?;
-        let chan = self.chans.get_mut(usize::from(id.channel)).ok_or_else(|| {
-            Error::RendezvousProtocol(format!("completion for channel {}", id.channel))
-        })?;
+        let chan = self
+            .chans
+            .get_mut(usize::from(id.channel))
+            .ok_or_else(|| Error::Internal(format!("completion for channel {}", id.channel)))?;
         Ok((id, chan))
     }
 
@@ -217,7 +221,7 @@ impl Engine {
                 r.out.completed(wc.wr_id);
             }
             Kind::TailRecv | Kind::CreditRecv => {
-                return Err(Error::RendezvousProtocol(format!(
+                return Err(Error::Internal(format!(
                     "a receive id on a send queue ({:#x})",
                     wc.wr_id
                 )))
@@ -276,7 +280,7 @@ impl Engine {
                 }
             }
             Kind::Data | Kind::Credit => {
-                return Err(Error::RendezvousProtocol(format!(
+                return Err(Error::Internal(format!(
                     "a send id on a receive queue ({:#x})",
                     wc.wr_id
                 )))
@@ -349,7 +353,7 @@ impl Engine {
             ));
         }
         if parts.is_empty() {
-            parts.push("the last data writes to complete".into());
+            parts.push("the last writes and credits to complete".into());
         }
         Error::Timeout {
             waiting_for: parts.join("; "),
@@ -395,13 +399,13 @@ fn opt(v: Option<u32>) -> String {
 }
 
 fn missing(channel: u8, what: &str) -> Error {
-    Error::RendezvousProtocol(format!(
+    Error::Internal(format!(
         "completion for channel {channel}, which has no {what} side"
     ))
 }
 
 fn no_imm(channel: u8, peer: u32) -> Error {
-    Error::RendezvousProtocol(format!(
+    Error::Internal(format!(
         "channel {channel}: a receive from rank {peer} without an immediate"
     ))
 }
