@@ -1,1 +1,226 @@
-//! Deterministic cluster simulator for ringcc.
+//! # ringcc-mock: a deterministic cluster simulator
+//!
+//! The oracle every ringcc backend is tested against, and what users run
+//! first. It runs the very state machines of `ringcc-core` — one per rank
+//! and channel, as the real backends do — over a simulated cluster with a
+//! virtual clock:
+//!
+//! - **GPUs** ([`exec`](crate) slices): each rank has its own memory;
+//!   a slice reads its incoming FIFO slot and its input, reduces with the
+//!   core's kernels, writes its output and sends; it takes the bytes it
+//!   moves over the device bandwidth plus a fixed overhead.
+//! - **NVLink** between the GPUs of a node: a peer copy straight into the
+//!   successor's slot, no queue pair, no packet (as the seed stresses); a
+//!   serial link per GPU pair, shared by the channels.
+//! - **RNICs** between nodes: RC queue pairs (RESET → INIT → RTR → RTS)
+//!   with send, receive and completion queues, memory regions with keys,
+//!   bounds and access flags; a finished slice becomes work requests
+//!   (`wire::post::SliceWrites`), mlx5 WQEs in the send queue, a doorbell,
+//!   fetch and parse, DMA read, MTU segmentation with PSNs, RoCEv2 frames
+//!   (Ethernet / IPv4 / UDP 4791 / BTH / RETH / ImmDt / ICRC) on a serial
+//!   port, the responder's PSN, key, bounds and access checks, DMA write,
+//!   ACKs, go-back-N with a retransmission timer and retry count, and
+//!   completions with the right status. Channels map to NICs as the core's
+//!   topology says, so 8 channels on 8 NICs use 8 ports in parallel.
+//! - **Timing-only mode** (`payload: false`) moves no bytes and models each
+//!   RDMA message as one flow on its port (the packet model's time on a
+//!   lossless port, at O(1) per message): 1024 ranks run in seconds.
+//! - **Faults** ([`Faults`]): seeded packet loss, duplication, reordering,
+//!   jitter, a dead rank / NIC / NVLink at a virtual time, a corrupted
+//!   remote key. Loss is recovered by retransmission; a failure ends every
+//!   rank's collective with a typed error within bounded virtual time
+//!   (deadlines, and aborts over a modelled control network).
+//! - **Outputs**: a Chrome / Perfetto trace ([`Cluster::write_chrome_trace`]),
+//!   a pcap of the RoCEv2 frames ([`Cluster::write_pcap`]), statistics with
+//!   a hash of the event log ([`Cluster::stats`]).
+//!
+//! Same configuration and seed, same event log, bit for bit.
+//!
+//! ```
+//! use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers};
+//! use ringcc_core::{Collective, DataType, ReduceOp};
+//!
+//! let cfg = ClusterConfig {
+//!     nodes: 2,
+//!     gpus_per_node: 2,
+//!     nics_per_node: 2,
+//!     channels: 2,
+//!     chunk_bytes: 4096,
+//!     geometry: ringcc_core::fifo::FifoGeometry::new(1024, 2).unwrap(),
+//!     payload: true,
+//!     ..ClusterConfig::default()
+//! };
+//! let mut cluster = Cluster::new(cfg).unwrap();
+//! let n = cluster.ranks();
+//! let call = Call::new(Collective::AllReduce, 1000, DataType::I32, ReduceOp::Sum);
+//! let mut bufs: Vec<RankBuffers> = (0..n)
+//!     .map(|r| {
+//!         let mut b = RankBuffers::zeroed(&call, n, r, false);
+//!         for (i, x) in b.input.chunks_mut(4).enumerate() {
+//!             x.copy_from_slice(&(i as i32 + r as i32).to_ne_bytes());
+//!         }
+//!         b
+//!     })
+//!     .collect();
+//! let report = cluster.run(&vec![call; n as usize], &mut bufs, false).unwrap();
+//! assert!(report.ok());
+//! let first = i32::from_ne_bytes(bufs[0].output[..4].try_into().unwrap());
+//! assert_eq!(first, 0 + 1 + 2 + 3);
+//! ```
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod config;
+mod driver;
+mod engine;
+mod error;
+mod exec;
+mod fabric;
+mod faults;
+mod flow;
+mod lane;
+mod memory;
+mod pcap;
+mod report;
+mod rnic;
+mod sim;
+mod trace;
+
+use std::io::{self, Write};
+
+pub use config::{ClusterConfig, GpuModel, LinkModel, RnicModel, MAX_RANKS};
+pub use error::Error;
+pub use fabric::LinkKind;
+pub use faults::{Component, ConnId, Failure, Faults};
+pub use report::{Call, LinkStats, RankBuffers, RunReport, Stats};
+
+use ringcc_core::{HopKind, NicId};
+
+/// A simulated cluster: ranks, links, RNICs and a virtual clock.
+///
+/// Collectives run one after another ([`run`](Cluster::run)); the call
+/// sequence number, the connection counters and the clock carry over. A
+/// run in which any rank failed aborts the communicator: later runs return
+/// [`Error::CommAborted`].
+pub struct Cluster {
+    sim: sim::Sim,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("ranks", &self.ranks())
+            .field("now", &self.now())
+            .field("aborted", &self.sim.aborted.is_some())
+            .finish()
+    }
+}
+
+impl Cluster {
+    /// Builds the cluster: topology, rings, links; with payload, every
+    /// rank's memory, registered regions and connected queue pairs.
+    pub fn new(cfg: ClusterConfig) -> Result<Cluster, Error> {
+        Ok(Cluster {
+            sim: sim::Sim::new(cfg)?,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.sim.cfg
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.sim.fab.ranks
+    }
+
+    /// One collective on every rank: `calls[r]` is rank `r`'s call
+    /// (normally all equal; a different one is detected as
+    /// `MismatchedCall`). `buffers[r]` holds rank `r`'s buffers in NCCL's
+    /// layout ([`RankBuffers`]), in place when `in_place`; timing-only
+    /// runs ignore them (pass `&mut []`).
+    ///
+    /// Returns `Err` for a call that cannot start (wrong number of calls
+    /// or buffers, an invalid call, an aborted communicator); per-rank
+    /// failures are in [`RunReport::ranks`].
+    pub fn run(
+        &mut self,
+        calls: &[Call],
+        buffers: &mut [RankBuffers],
+        in_place: bool,
+    ) -> Result<RunReport, Error> {
+        self.sim.run(calls, buffers, in_place)
+    }
+
+    /// The virtual clock, seconds since the cluster was built. It only
+    /// moves forward, across runs.
+    pub fn now(&self) -> f64 {
+        engine::secs(self.sim.eng.now())
+    }
+
+    /// Whether a failed run aborted the communicator.
+    pub fn is_aborted(&self) -> bool {
+        self.sim.aborted.is_some()
+    }
+
+    /// Counters, per-link traffic and the event-log hash, as of the end
+    /// of the last run.
+    pub fn stats(&self) -> &Stats {
+        &self.sim.stats
+    }
+
+    /// Channel `channel`'s ring, in ring order from rank 0.
+    pub fn ring(&self, channel: u32) -> Vec<u32> {
+        let n = self.ranks();
+        let Some(_) = self.sim.fab.rings.get(channel as usize) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(n as usize);
+        let mut r = 0;
+        for _ in 0..n {
+            out.push(r);
+            r = self.sim.fab.lanes[self.sim.fab.lane(channel, r) as usize].next;
+        }
+        out
+    }
+
+    /// What carries channel `channel`'s hop from `rank` to its successor.
+    pub fn hop(&self, channel: u32, rank: u32) -> Option<HopKind> {
+        if channel >= self.sim.fab.channels || rank >= self.ranks() {
+            return None;
+        }
+        let t = &self.sim.fab.lanes[self.sim.fab.lane(channel, rank) as usize];
+        Some(match t.hop {
+            fabric::Hop::Loopback => HopKind::Loopback,
+            fabric::Hop::Nvlink { .. } => HopKind::Intra,
+            fabric::Hop::Net { tx, rx, .. } => HopKind::Inter {
+                send_nic: NicId(self.sim.fab.ports[tx as usize].nic),
+                recv_nic: NicId(self.sim.fab.ports[rx as usize].nic),
+            },
+        })
+    }
+
+    /// Writes the recorded timeline (needs `trace: true`) as Chrome
+    /// trace-event JSON, for `chrome://tracing` or Perfetto.
+    pub fn write_chrome_trace(&self, w: impl Write) -> io::Result<()> {
+        self.sim.trace.write(&self.sim.fab, w)
+    }
+
+    /// Spans recorded in the timeline.
+    pub fn trace_len(&self) -> usize {
+        self.sim.trace.len()
+    }
+
+    /// Writes the captured RoCEv2 frames (needs `capture: true`, payload
+    /// mode) as a libpcap file (nanosecond timestamps, Ethernet).
+    pub fn write_pcap(&self, w: impl Write) -> io::Result<()> {
+        self.sim.capture.write(w)
+    }
+
+    /// Frames captured.
+    pub fn captured_frames(&self) -> usize {
+        self.sim.capture.frames.len()
+    }
+}

@@ -1,0 +1,317 @@
+//! What a simulated cluster looks like: its shape, its links, its GPUs and
+//! RNICs, its faults, and what to record.
+
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::wire::segment::PathMtu;
+
+use crate::error::Error;
+use crate::faults::Faults;
+
+/// A link's latency (seconds) and bandwidth (bytes per second): the core's
+/// alpha-beta [`Link`](ringcc_core::cost::Link), so that what the simulator
+/// runs and what `explain` predicts use one type.
+pub type LinkModel = ringcc_core::cost::Link;
+
+/// The most ranks a simulated cluster can have.
+pub const MAX_RANKS: usize = 4096;
+
+/// How long a GPU takes to carry out one slice of a primitive.
+///
+/// A slice reads its incoming FIFO slot and/or local input and writes the
+/// output and/or the send target; the bytes it moves through device memory,
+/// divided by `mem_bandwidth`, plus `step_overhead`, is its compute time.
+/// Each channel is its own thread block, so channels compute in parallel.
+/// A store over NVLink streams while the block computes: the slice is done
+/// when both the compute and the link transfer are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuModel {
+    /// Device memory bandwidth in bytes per second (default 3 TB/s, HBM3).
+    pub mem_bandwidth: f64,
+    /// Fixed cost of one slice: synchronisation and flag polling, seconds
+    /// (default 0.5 µs).
+    pub step_overhead: f64,
+}
+
+impl Default for GpuModel {
+    fn default() -> Self {
+        GpuModel {
+            mem_bandwidth: 3e12,
+            step_overhead: 0.5e-6,
+        }
+    }
+}
+
+/// The software RNIC's parameters (what `ibv_modify_qp` and the device
+/// capabilities fix on real hardware).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RnicModel {
+    /// From the doorbell to the first packet on the wire (WQE fetch over
+    /// PCIe, parse, DMA read), seconds (default 1 µs).
+    pub doorbell_latency: f64,
+    /// Send-queue depth in work requests (default 256).
+    pub sq_depth: u32,
+    /// Receive-queue depth (default 64); receives are reposted as they
+    /// complete.
+    pub rq_depth: u32,
+    /// Local ACK timeout exponent: the retransmission timeout is
+    /// `4.096 µs · 2^timeout` (`ibv_qp_attr.timeout`; default 20, NCCL's
+    /// `NCCL_IB_TIMEOUT`, about 4.3 s).
+    pub timeout: u8,
+    /// Retransmissions before a request fails with `RETRY_EXC_ERR`
+    /// (`retry_cnt`, default 7).
+    pub retry_cnt: u8,
+    /// Delay before retrying after a receiver-not-ready NAK, seconds
+    /// (default 10 µs). RNR retries are unlimited (`rnr_retry = 7`).
+    pub rnr_delay: f64,
+}
+
+impl Default for RnicModel {
+    fn default() -> Self {
+        RnicModel {
+            doorbell_latency: 1e-6,
+            sq_depth: 256,
+            rq_depth: 64,
+            timeout: 20,
+            retry_cnt: 7,
+            rnr_delay: 10e-6,
+        }
+    }
+}
+
+impl RnicModel {
+    /// The retransmission timeout in seconds.
+    pub fn rto(&self) -> f64 {
+        4.096e-6 * f64::from(1u32 << self.timeout.min(31))
+    }
+}
+
+/// A simulated cluster.
+///
+/// The default is two DGX-like nodes (8 GPUs and 8 NICs each) with 8
+/// channels, NCCL's FIFO geometry and 2 MiB chunks, NVLink at 300 GB/s
+/// and 1 µs, 400 Gb/s NICs (50 GB/s, 5 µs), in timing-only mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterConfig {
+    /// Nodes (hosts).
+    pub nodes: u32,
+    /// GPUs (ranks) per node; rank `r` lives on node `r / gpus_per_node`.
+    pub gpus_per_node: u32,
+    /// NICs per node (at least 1 with more than one node).
+    pub nics_per_node: u16,
+    /// Rings may leave a node through another NIC than they entered.
+    pub cross_nic: bool,
+    /// Channels (rings), 1..=64.
+    pub channels: u32,
+    /// Chunk size in bytes (at most [`FifoGeometry::max_chunk_bytes`]).
+    pub chunk_bytes: u64,
+    /// FIFO slots and slices.
+    pub geometry: FifoGeometry,
+    /// Every ordered pair of GPUs of a node: a peer copy over NVLink.
+    pub nvlink: LinkModel,
+    /// Every NIC port: bandwidth of the wire (headers included) and
+    /// one-way latency through the switch.
+    pub nic: LinkModel,
+    /// The out-of-band control network that carries aborts (default
+    /// 20 µs, 1 GB/s: a TCP connection between hosts).
+    pub control: LinkModel,
+    /// GPU compute.
+    pub gpu: GpuModel,
+    /// RNIC behaviour.
+    pub rnic: RnicModel,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    pub mtu: u32,
+    /// Move real bytes (the oracle) or only time (large clusters). With
+    /// payload, NIC traffic is simulated packet by packet; without, each
+    /// message occupies its link as one flow.
+    pub payload: bool,
+    /// Faults to inject.
+    pub faults: Faults,
+    /// Seed of everything random that is not a fault: initial PSNs, memory
+    /// keys.
+    pub seed: u64,
+    /// Virtual seconds a rank's channel may wait without any progress
+    /// before it fails with a timeout (default 60 s, above the RNIC's
+    /// `(retry_cnt + 1) · rto`).
+    pub deadline: f64,
+    /// Events one run may process before it fails (a livelock bound).
+    pub max_events: u64,
+    /// Record a timeline for Chrome / Perfetto.
+    pub trace: bool,
+    /// Record the RoCEv2 frames (payload mode only: timing-only mode has
+    /// no packets).
+    pub capture: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            nodes: 2,
+            gpus_per_node: 8,
+            nics_per_node: 8,
+            cross_nic: false,
+            channels: 8,
+            chunk_bytes: 2 << 20,
+            geometry: FifoGeometry::NCCL,
+            nvlink: LinkModel::NVLINK,
+            nic: LinkModel::NIC_400G,
+            control: LinkModel {
+                latency: 20e-6,
+                bandwidth: 1e9,
+            },
+            gpu: GpuModel::default(),
+            rnic: RnicModel::default(),
+            mtu: 4096,
+            payload: false,
+            faults: Faults::default(),
+            seed: 0x5eed,
+            deadline: 60.0,
+            max_events: 1 << 32,
+            trace: false,
+            capture: false,
+        }
+    }
+}
+
+fn bad(what: impl Into<String>) -> Error {
+    Error::Config { what: what.into() }
+}
+
+fn check_link(name: &str, l: &LinkModel) -> Result<(), Error> {
+    if !(l.bandwidth.is_finite() && l.bandwidth > 0.0) {
+        return Err(bad(format!("{name} bandwidth must be positive and finite")));
+    }
+    if !(l.latency.is_finite() && l.latency >= 0.0) {
+        return Err(bad(format!(
+            "{name} latency must be non-negative and finite"
+        )));
+    }
+    Ok(())
+}
+
+impl ClusterConfig {
+    /// Number of ranks.
+    pub fn ranks(&self) -> u64 {
+        u64::from(self.nodes) * u64::from(self.gpus_per_node)
+    }
+
+    /// The path MTU.
+    pub fn path_mtu(&self) -> Result<PathMtu, Error> {
+        PathMtu::ALL
+            .into_iter()
+            .find(|m| m.bytes() == self.mtu)
+            .ok_or_else(|| bad(format!("MTU {} is not 256, 512, 1024, 2048 or 4096", self.mtu)))
+    }
+
+    /// Checks everything that does not need the topology.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.nodes == 0 || self.gpus_per_node == 0 {
+            return Err(bad("a cluster needs at least one node and one GPU per node"));
+        }
+        if self.ranks() > MAX_RANKS as u64 {
+            return Err(bad(format!(
+                "{} ranks exceed the simulator's {MAX_RANKS}",
+                self.ranks()
+            )));
+        }
+        if self.nodes > 1 && self.nics_per_node == 0 {
+            return Err(bad("more than one node needs at least one NIC per node"));
+        }
+        if self.channels == 0 || self.channels > ringcc_core::topology::MAX_CHANNELS {
+            return Err(bad(format!("{} channels: must be 1..=64", self.channels)));
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0 {
+            return Err(bad(format!(
+                "chunk of {} B: must be a non-zero multiple of 16 B",
+                self.chunk_bytes
+            )));
+        }
+        if self.chunk_bytes > self.geometry.max_chunk_bytes() {
+            return Err(bad(format!(
+                "chunk of {} B exceeds the {} B this FIFO geometry can pipeline",
+                self.chunk_bytes,
+                self.geometry.max_chunk_bytes()
+            )));
+        }
+        check_link("NVLink", &self.nvlink)?;
+        check_link("NIC", &self.nic)?;
+        check_link("control network", &self.control)?;
+        let g = &self.gpu;
+        if !(g.mem_bandwidth.is_finite() && g.mem_bandwidth > 0.0) {
+            return Err(bad("GPU memory bandwidth must be positive and finite"));
+        }
+        if !(g.step_overhead.is_finite() && g.step_overhead >= 0.0) {
+            return Err(bad("GPU step overhead must be non-negative and finite"));
+        }
+        let n = &self.rnic;
+        if !(n.doorbell_latency.is_finite() && n.doorbell_latency >= 0.0) {
+            return Err(bad("doorbell latency must be non-negative and finite"));
+        }
+        if !(n.rnr_delay.is_finite() && n.rnr_delay > 0.0) {
+            return Err(bad("RNR delay must be positive and finite"));
+        }
+        if n.timeout == 0 || n.timeout > 31 {
+            return Err(bad("RNIC timeout exponent must be 1..=31"));
+        }
+        if n.sq_depth < 8 || n.rq_depth < 8 {
+            return Err(bad("queue depths must be at least 8"));
+        }
+        self.path_mtu()?;
+        if !(self.deadline.is_finite() && self.deadline > 0.0) {
+            return Err(bad("deadline must be positive and finite"));
+        }
+        if self.max_events == 0 {
+            return Err(bad("max_events must be positive"));
+        }
+        if self.capture && !self.payload {
+            return Err(bad(
+                "packet capture needs payload mode: timing-only mode simulates no packets",
+            ));
+        }
+        self.faults.validate(self)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        ClusterConfig::default().validate().unwrap();
+        assert!((RnicModel::default().rto() - 4.295).abs() < 1e-3);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let bad = [
+            ClusterConfig {
+                nodes: 0,
+                ..Default::default()
+            },
+            ClusterConfig {
+                mtu: 1500,
+                ..Default::default()
+            },
+            ClusterConfig {
+                chunk_bytes: 8 << 20,
+                ..Default::default()
+            },
+            ClusterConfig {
+                channels: 65,
+                ..Default::default()
+            },
+            ClusterConfig {
+                capture: true,
+                ..Default::default()
+            },
+            ClusterConfig {
+                deadline: f64::NAN,
+                ..Default::default()
+            },
+        ];
+        for c in bad {
+            assert!(matches!(c.validate(), Err(Error::Config { .. })), "{c:?}");
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The ranks' RDMA progress loops (payload mode), as the verbs backend
+//! runs them: registered buffers and connected queue pairs at setup; a
+//! finished SEND slice becomes `SliceWrites` (call header, data, the
+//! `tail`-publishing immediate) from the staging slot into the successor's
+//! FIFO; a credit becomes an inline WRITE WITH IMMEDIATE of the `head`
+//! counter; completions feed the machines: the receiver learns its `tail`
+//! from the immediate and the call header from its mailbox, the sender its
+//! `head` from the counter.
+
+use ringcc_core::prim::Exec;
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
+use ringcc_core::wire::post::{
+    credit_write, decode_credit, tail_from_completion, LocalBuf, RemoteCounter, RemoteFifo,
+    RemoteHeader, SliceWrites, CREDIT_LEN,
+};
+use ringcc_core::wire::{
+    CallHeader, CallHeaderRepr, Completion, Lkey, Psn, Qpn, Rkey, SendFlags, WcOpcode, WrOpcode,
+};
+
+use crate::error::Error;
+use crate::faults::{ConnId, Rng};
+use crate::fabric::Hop;
+use crate::memory::Memory;
+use crate::rnic::qp::QpError;
+use crate::rnic::{Qp, Role, QPN_BASE};
+use crate::sim::Sim;
+
+fn post_error(rank: u32, channel: u32, e: QpError) -> Error {
+    match e {
+        QpError::Format(source) => Error::Wire {
+            rank,
+            channel,
+            call: "WqeRepr::from_request",
+            source,
+        },
+        QpError::SqFull => Error::Post {
+            rank,
+            channel,
+            what: "send queue full",
+        },
+        _ => Error::Post {
+            rank,
+            channel,
+            what: "queue pair not ready to send",
+        },
+    }
+}
+
+/// A random first PSN, near the wrap point for every other queue pair so
+/// that runs cross it.
+fn first_psn(rng: &mut Rng) -> Psn {
+    let r = rng.next_u64() as u32;
+    if r & 1 == 0 {
+        Psn::new(0xff_f000 | (r >> 8) & 0xfff)
+    } else {
+        Psn::new(r >> 8)
+    }
+}
+
+impl Sim {
+    /// Registers every lane's buffers and connects a queue pair per RDMA
+    /// connection: RESET → INIT → RTR → RTS, receives posted.
+    pub(crate) fn setup_payload(&mut self) -> Result<(), Error> {
+        let mut rng = Rng::new(self.cfg.seed ^ 0x6b65_7973);
+        let fifo = self.cfg.geometry.fifo_bytes() as usize;
+        for l in 0..self.lanes.len() as u32 {
+            let t = self.fab.lanes[l as usize];
+            let pred = self.fab.lane(t.channel, t.prev);
+            let m = &mut self.lanes[l as usize].mem;
+            match self.fab.lanes[pred as usize].hop {
+                Hop::Loopback => {}
+                Hop::Nvlink { .. } => m.inbox = self.mem.alloc(t.rank, fifo),
+                Hop::Net { .. } => {
+                    m.inbox = self.mem.alloc(t.rank, fifo);
+                    m.inbox_key = self.mem.register(t.rank, m.inbox, fifo, true, &mut rng);
+                    m.mailbox = self.mem.alloc(t.rank, CALL_HEADER_LEN);
+                    m.mailbox_key =
+                        self.mem
+                            .register(t.rank, m.mailbox, CALL_HEADER_LEN, true, &mut rng);
+                }
+            }
+            if let Hop::Net { .. } = t.hop {
+                m.staging = self.mem.alloc(t.rank, fifo);
+                m.staging_key = self.mem.register(t.rank, m.staging, fifo, false, &mut rng);
+                m.counter = self.mem.alloc(t.rank, CREDIT_LEN);
+                m.counter_key = self.mem.register(t.rank, m.counter, CREDIT_LEN, true, &mut rng);
+            }
+        }
+        let mtu = self.cfg.path_mtu()?;
+        let (sq, rq) = (self.cfg.rnic.sq_depth, self.cfg.rnic.rq_depth);
+        let setup_err = |what| Error::Config {
+            what: format!("queue pair setup: {what:?}"),
+        };
+        for l in 0..self.lanes.len() as u32 {
+            let t = self.fab.lanes[l as usize];
+            let Hop::Net { tx, rx, .. } = t.hop else {
+                continue;
+            };
+            let succ = self.fab.lane(t.channel, t.next);
+            let a = self.nic.qps.len() as u32;
+            let b = a + 1;
+            let (qa, qb) = (Qpn::new(QPN_BASE + a), Qpn::new(QPN_BASE + b));
+            let mut qpa = Qp::new(qa, t.rank, tx, l, Role::Sender);
+            let mut qpb = Qp::new(qb, t.next, rx, succ, Role::Receiver);
+            let (pa, pb) = (first_psn(&mut rng), first_psn(&mut rng));
+            qpa.to_init(sq, rq).map_err(setup_err)?;
+            qpb.to_init(sq, rq).map_err(setup_err)?;
+            qpa.to_rtr(b, rx, qb, mtu, pb).map_err(setup_err)?;
+            qpb.to_rtr(a, tx, qa, mtu, pa).map_err(setup_err)?;
+            qpa.to_rts(pa).map_err(setup_err)?;
+            qpb.to_rts(pb).map_err(setup_err)?;
+            for i in 0..u64::from(rq) {
+                qpa.post_recv(i).map_err(setup_err)?;
+                qpb.post_recv(i).map_err(setup_err)?;
+            }
+            self.nic.qps.push(qpa);
+            self.nic.qps.push(qpb);
+            self.fab.lanes[l as usize].hop = Hop::Net {
+                tx,
+                rx,
+                qp_tx: a,
+                qp_rx: b,
+            };
+        }
+        Ok(())
+    }
+
+    /// Posts the work requests of lane `l`'s finished SEND slice.
+    pub(crate) fn post_slice(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
+        let t = self.fab.lanes[l as usize];
+        let (Hop::Net { qp_tx, .. }, Some(span)) = (t.hop, e.send) else {
+            return Ok(());
+        };
+        let g = self.cfg.geometry;
+        let succ = self.fab.lane(t.channel, t.next);
+        let m = self.lanes[l as usize].mem;
+        let sm = self.lanes[succ as usize].mem;
+        let local = LocalBuf {
+            addr: Memory::va(t.rank, m.staging) + span.byte_offset(&g),
+            lkey: Lkey(m.staging_key),
+        };
+        let mut rkey = sm.inbox_key;
+        if self.faults.bad_rkey
+            == Some(ConnId {
+                channel: t.channel,
+                rank: t.rank,
+            })
+        {
+            rkey ^= 0x0001_0000;
+        }
+        let fifo = RemoteFifo {
+            addr: Memory::va(t.next, sm.inbox),
+            rkey: Rkey(rkey),
+            capacity: g.fifo_bytes(),
+        };
+        let mailbox = RemoteHeader {
+            addr: Memory::va(t.next, sm.mailbox),
+            rkey: Rkey(sm.mailbox_key),
+            capacity: CALL_HEADER_LEN as u64,
+        };
+        let dtype = self.run.calls[t.rank as usize].dtype;
+        let wr_id = span.step << 1;
+        let writes = SliceWrites::<1>::new(e, &g, dtype, local, &fifo, &mailbox, wr_id).map_err(
+            |source| Error::Wire {
+                rank: t.rank,
+                channel: t.channel,
+                call: "SliceWrites::new",
+                source,
+            },
+        )?;
+        for wr in writes {
+            self.nic.qps[qp_tx as usize]
+                .post_send(&wr)
+                .map_err(|e| post_error(t.rank, t.channel, e))?;
+            self.stats.work_requests += 1;
+        }
+        self.ring_doorbell(qp_tx);
+        Ok(())
+    }
+
+    /// Posts lane `l`'s credit `head` to its predecessor lane `pred`.
+    pub(crate) fn post_credit(&mut self, l: u32, pred: u32, head: u64) -> Result<(), Error> {
+        let t = self.fab.lanes[l as usize];
+        let Hop::Net { qp_rx, .. } = self.fab.lanes[pred as usize].hop else {
+            return Ok(());
+        };
+        let pm = self.lanes[pred as usize].mem;
+        let counter = RemoteCounter {
+            addr: Memory::va(t.prev, pm.counter),
+            rkey: Rkey(pm.counter_key),
+        };
+        let mut wr = credit_write::<1>(head, &counter, (head << 1) | 1).map_err(|source| {
+            Error::Wire {
+                rank: t.rank,
+                channel: t.channel,
+                call: "credit_write",
+                source,
+            }
+        })?;
+        // An immediate wakes the sender; signaled so the send queue drains.
+        wr.opcode = WrOpcode::RdmaWriteWithImm;
+        wr.imm = head as u32;
+        wr.flags |= SendFlags::SIGNALED;
+        self.nic.qps[qp_rx as usize]
+            .post_send(&wr)
+            .map_err(|e| post_error(t.rank, t.channel, e))?;
+        self.stats.work_requests += 1;
+        self.ring_doorbell(qp_rx);
+        Ok(())
+    }
+
+    /// Hands every pending completion to its progress loop.
+    pub(crate) fn drain_cq(&mut self) {
+        while let Some((qp, wc)) = self.nic.cq.pop_front() {
+            self.stats.completions += 1;
+            self.on_completion(qp, wc);
+        }
+    }
+
+    fn on_completion(&mut self, qp: u32, wc: Completion) {
+        let q = &self.nic.qps[qp as usize];
+        let (l, role, qpn) = (q.lane, q.role, q.qpn.get());
+        if !self.running(l) {
+            return;
+        }
+        self.lanes[l as usize].last_progress = self.eng.now();
+        let t = self.fab.lanes[l as usize];
+        if !wc.is_ok() {
+            let request = match (role, wc.opcode.is_recv()) {
+                (Role::Sender, false) => "data write",
+                (Role::Receiver, false) => "credit return",
+                (Role::Sender, true) => "credit receive",
+                (Role::Receiver, true) => "data receive",
+            };
+            tracing::debug!(rank = t.rank, channel = t.channel, status = ?wc.status, request, "completion error");
+            let err = Error::Completion {
+                rank: t.rank,
+                channel: t.channel,
+                request,
+                status: wc.status,
+                qpn,
+            };
+            self.fail_lane(l, err);
+            return;
+        }
+        if wc.opcode != WcOpcode::RecvRdmaWithImm {
+            return;
+        }
+        let _ = self.nic.qps[qp as usize].post_recv(wc.wr_id);
+        let m = self.lanes[l as usize].mem;
+        match role {
+            Role::Receiver => {
+                let lane = &mut self.lanes[l as usize];
+                let Some(tail) = tail_from_completion(&wc, lane.recv_tail) else {
+                    return;
+                };
+                lane.recv_tail = tail;
+                // The mailbox holds a new header when its step is this
+                // slice's first step.
+                let step = tail.saturating_sub(self.cfg.geometry.slots_per_slice());
+                let bytes = self.mem.read(t.rank, m.mailbox, CALL_HEADER_LEN);
+                let header = CallHeader::new_checked(bytes)
+                    .and_then(|h| CallHeaderRepr::parse(&h))
+                    .ok()
+                    .filter(|h| h.step == step as u32)
+                    .map(|h| (step, h.desc));
+                self.deliver_tail(l, header, tail);
+            }
+            Role::Sender => {
+                let bytes = self.mem.read(t.rank, m.counter, CREDIT_LEN);
+                let word: [u8; CREDIT_LEN] = bytes.try_into().unwrap_or([0; CREDIT_LEN]);
+                self.on_head(l, decode_credit(word));
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The discrete-event engine: a virtual clock in integer picoseconds and a
+//! priority queue of events ordered by (time, sequence number), so that
+//! events at equal times run in the order they were scheduled and a run is
+//! a pure function of its configuration.
+//!
+//! Every processed event is folded into an FNV-1a hash of
+//! (time, kind, ids): two runs with the same configuration and seed have
+//! the same hash; a different interleaving changes it.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// Virtual time in picoseconds (2^64 ps is about 213 days).
+pub(crate) type Ps = u64;
+
+/// Seconds to picoseconds (saturating; negative and NaN give 0).
+pub(crate) fn ps(seconds: f64) -> Ps {
+    (seconds * 1e12).round() as Ps
+}
+
+/// Picoseconds to seconds.
+pub(crate) fn secs(t: Ps) -> f64 {
+    t as f64 * 1e-12
+}
+
+/// Picoseconds to move `bytes` at `bandwidth` bytes per second.
+pub(crate) fn xfer_ps(bytes: u64, bandwidth: f64) -> Ps {
+    ps(bytes as f64 / bandwidth)
+}
+
+/// "No slab entry".
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// What happens at a point of virtual time. Small and `Copy`: indices, not
+/// references.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ev {
+    /// A lane's outstanding slice is complete on its GPU.
+    ExecDone { lane: u32 },
+    /// The predecessor's `tail` (and, with `hdr`, the call header parked in
+    /// the lane's mailbox) becomes visible to `lane`; `xfer` names NVLink
+    /// payload bytes to land first.
+    Tail {
+        lane: u32,
+        hdr: bool,
+        xfer: u32,
+        tail: u64,
+    },
+    /// The successor's `head` reaches `lane`.
+    Head { lane: u32, head: u64 },
+    /// Timing-only mode: a message of `lane`'s connection was lost for
+    /// good; the requester (`lane`'s rank) gets `RETRY_EXC_ERR`.
+    FlowFail { lane: u32, credit: bool },
+    /// The out-of-band abort from `origin` reaches `rank`.
+    Abort { rank: u32, origin: u32 },
+    /// A rank dies.
+    Death { rank: u32 },
+    /// Check every lane's deadline (run `epoch`).
+    Watchdog { epoch: u32 },
+    /// The RNIC processes the doorbell of a queue pair.
+    Doorbell { qp: u32 },
+    /// A NIC port may put its next packet on the wire.
+    PortTx { port: u32 },
+    /// A frame arrives at its destination port.
+    Packet { frame: u32 },
+    /// A queue pair's retransmission timer, or (`rnr`) the end of its
+    /// receiver-not-ready back-off.
+    QpTimer { qp: u32, rnr: bool },
+}
+
+impl Ev {
+    /// (kind, ids) for the event-log hash.
+    fn words(&self) -> (u8, u64, u64) {
+        match *self {
+            Ev::ExecDone { lane } => (1, u64::from(lane), 0),
+            Ev::Tail {
+                lane,
+                hdr,
+                xfer: _,
+                tail,
+            } => (2, u64::from(lane) | u64::from(hdr) << 32, tail),
+            Ev::Head { lane, head } => (3, u64::from(lane), head),
+            Ev::FlowFail { lane, credit } => (4, u64::from(lane), u64::from(credit)),
+            Ev::Abort { rank, origin } => (5, u64::from(rank), u64::from(origin)),
+            Ev::Death { rank } => (6, u64::from(rank), 0),
+            Ev::Watchdog { epoch } => (7, u64::from(epoch), 0),
+            Ev::Doorbell { qp } => (8, u64::from(qp), 0),
+            Ev::PortTx { port } => (9, u64::from(port), 0),
+            Ev::Packet { frame } => (10, u64::from(frame), 0),
+            Ev::QpTimer { qp, rnr } => (11, u64::from(qp), u64::from(rnr)),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    time: Ps,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.time, self.seq) == (other.time, other.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    // Reversed: BinaryHeap is a max-heap, we want the earliest first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.time, other.seq).cmp(&(self.time, self.seq))
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv_word(mut h: u64, w: u64) -> u64 {
+    for b in w.to_le_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+/// The clock and the queue.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    heap: BinaryHeap<Entry>,
+    now: Ps,
+    seq: u64,
+    processed: u64,
+    hash: u64,
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        Engine {
+            heap: BinaryHeap::with_capacity(1024),
+            now: 0,
+            seq: 0,
+            processed: 0,
+            hash: FNV_OFFSET,
+        }
+    }
+
+    /// The current virtual time.
+    #[inline]
+    pub fn now(&self) -> Ps {
+        self.now
+    }
+
+    /// Schedules `ev` at `time` (not before now).
+    #[inline]
+    pub fn at(&mut self, time: Ps, ev: Ev) {
+        let time = time.max(self.now);
+        self.seq = self.seq.wrapping_add(1);
+        self.heap.push(Entry {
+            time,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// Schedules `ev` `delay` after now.
+    #[inline]
+    pub fn after(&mut self, delay: Ps, ev: Ev) {
+        self.at(self.now.saturating_add(delay), ev);
+    }
+
+    /// The next event; the clock moves to its time.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Ev> {
+        let e = self.heap.pop()?;
+        self.now = e.time;
+        self.processed = self.processed.wrapping_add(1);
+        let (kind, a, b) = e.ev.words();
+        let mut h = fnv_word(self.hash, e.time);
+        h = fnv_word(h, u64::from(kind));
+        h = fnv_word(h, a);
+        self.hash = fnv_word(h, b);
+        Some(e.ev)
+    }
+
+    /// Events processed so far.
+    pub fn processed(&self) -> u64 {
+        self.processed
+    }
+
+    /// Hash of the event log so far.
+    pub fn hash(&self) -> u64 {
+        self.hash
+    }
+}
+
+/// A vector of optional entries with a free list: stable `u32` ids for
+/// things in flight (frames, NVLink payloads).
+#[derive(Debug)]
+pub(crate) struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<u32>,
+}
+
+impl<T> Slab<T> {
+    pub fn new() -> Slab<T> {
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    pub fn insert(&mut self, v: T) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                if let Some(slot) = self.items.get_mut(i as usize) {
+                    *slot = Some(v);
+                }
+                i
+            }
+            None => {
+                self.items.push(Some(v));
+                (self.items.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn take(&mut self, i: u32) -> Option<T> {
+        let v = self.items.get_mut(i as usize)?.take();
+        if v.is_some() {
+            self.free.push(i);
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_times_pop_in_schedule_order() {
+        let mut e = Engine::new();
+        e.at(5, Ev::Head { lane: 1, head: 0 });
+        e.at(3, Ev::Head { lane: 2, head: 0 });
+        e.at(5, Ev::Head { lane: 3, head: 0 });
+        e.at(5, Ev::Head { lane: 4, head: 0 });
+        let order: Vec<u32> = std::iter::from_fn(|| e.pop())
+            .map(|ev| match ev {
+                Ev::Head { lane, .. } => lane,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(order, [2, 1, 3, 4]);
+        assert_eq!(e.now(), 5);
+        assert_eq!(e.processed(), 4);
+    }
+
+    #[test]
+    fn hash_depends_on_the_log() {
+        let run = |t: Ps| {
+            let mut e = Engine::new();
+            e.at(t, Ev::ExecDone { lane: 0 });
+            e.pop();
+            e.hash()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
+    }
+
+    #[test]
+    fn slab_reuses_ids() {
+        let mut s = Slab::new();
+        let a = s.insert(1);
+        let b = s.insert(2);
+        assert_eq!(s.take(a), Some(1));
+        assert_eq!(s.take(a), None);
+        let c = s.insert(3);
+        assert_eq!(c, a);
+        assert_eq!(s.take(b), Some(2));
+        assert_eq!(ps(1.5e-6), 1_500_000);
+        assert_eq!(xfer_ps(300, 300e9), 1000);
+    }
+}

@@ -1,0 +1,280 @@
+//! The simulator's error type.
+
+use std::fmt;
+
+use ringcc_core::wire::WcStatus;
+
+/// Everything that can go wrong in a simulated cluster: a bad
+/// configuration or call (returned by [`Cluster::new`](crate::Cluster::new)
+/// / [`Cluster::run`](crate::Cluster::run)), and what a rank's collective
+/// fails with (in [`RunReport::ranks`](crate::RunReport::ranks)).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// `Cluster::new`: the configuration is inconsistent.
+    Config {
+        /// What is wrong.
+        what: String,
+    },
+    /// `Topology::uniform` / `Topology::ring`: the core refused the shape.
+    Topology {
+        /// The core's error.
+        source: ringcc_core::Error,
+    },
+    /// `Cluster::run`: one call per rank is needed.
+    CallCount {
+        /// Ranks of the cluster.
+        ranks: u32,
+        /// Calls given.
+        calls: usize,
+    },
+    /// `Plan::new` / `Machine::new`: a rank's call is invalid (bad root,
+    /// chunk not a multiple of the element size, size overflow).
+    InvalidCall {
+        /// The rank.
+        rank: u32,
+        /// The core's error.
+        source: ringcc_core::Error,
+    },
+    /// `Cluster::run` in payload mode: one buffer pair per rank is needed.
+    BufferCount {
+        /// Ranks of the cluster.
+        ranks: u32,
+        /// Buffer pairs given.
+        buffers: usize,
+    },
+    /// `Cluster::run` in payload mode: a rank's buffer has the wrong size.
+    Buffer {
+        /// The rank.
+        rank: u32,
+        /// `input` or `output`.
+        which: &'static str,
+        /// Bytes the call needs.
+        expected: usize,
+        /// Bytes given.
+        got: usize,
+    },
+    /// A state machine (`poll_action`, `handle_*`) failed: most often
+    /// `MismatchedCall` (ranks called with different count / type / op /
+    /// root), or a flow-control protocol violation.
+    Machine {
+        /// The rank.
+        rank: u32,
+        /// The channel.
+        channel: u32,
+        /// The machine call that failed.
+        call: &'static str,
+        /// The core's error.
+        source: ringcc_core::Error,
+    },
+    /// A reduction kernel (`reduce`, `finalize`) refused its buffers.
+    Reduce {
+        /// The rank.
+        rank: u32,
+        /// The kernel.
+        call: &'static str,
+        /// The core's error.
+        source: ringcc_core::Error,
+    },
+    /// Formatting a work request or WQE (`SliceWrites::new`,
+    /// `credit_write`, `WqeRepr::from_request`) failed.
+    Wire {
+        /// The rank.
+        rank: u32,
+        /// The channel.
+        channel: u32,
+        /// The call that failed.
+        call: &'static str,
+        /// The wire error.
+        source: ringcc_core::wire::Error,
+    },
+    /// `post_send` on the simulated RNIC failed (queue pair not ready to
+    /// send, send queue full).
+    Post {
+        /// The rank.
+        rank: u32,
+        /// The channel.
+        channel: u32,
+        /// Why.
+        what: &'static str,
+    },
+    /// A work request completed with an error status (`REM_ACCESS_ERR` for
+    /// a bad key or an out-of-bounds write, `RETRY_EXC_ERR` when the peer
+    /// is gone, `WR_FLUSH_ERR` after an earlier failure).
+    Completion {
+        /// The rank whose queue pair reported it.
+        rank: u32,
+        /// The channel.
+        channel: u32,
+        /// What the request was (`data write`, `credit return`).
+        request: &'static str,
+        /// The completion status.
+        status: WcStatus,
+        /// The local queue pair number.
+        qpn: u32,
+    },
+    /// A channel of a rank made no progress for the deadline.
+    Timeout {
+        /// The rank.
+        rank: u32,
+        /// The channel.
+        channel: u32,
+        /// Virtual seconds it waited.
+        waited: f64,
+        /// What it waited for.
+        waiting_for: &'static str,
+    },
+    /// The rank was killed by a fault.
+    RankDied {
+        /// The rank.
+        rank: u32,
+        /// When it died (virtual seconds).
+        at: f64,
+    },
+    /// Another rank failed and aborted the communicator; this rank's
+    /// collective was cut short (or, if it had finished, its success was
+    /// not confirmed before the abort arrived).
+    Aborted {
+        /// This rank.
+        rank: u32,
+        /// The rank that failed first and broadcast the abort.
+        origin: u32,
+        /// Why `origin` failed.
+        cause: Box<Error>,
+    },
+    /// `Cluster::run` after a failed run: the communicator is aborted
+    /// (build a new cluster).
+    CommAborted {
+        /// The first failure.
+        cause: Box<Error>,
+    },
+    /// The run processed `max_events` events without finishing (a
+    /// livelock).
+    EventLimit {
+        /// The rank.
+        rank: u32,
+        /// Events processed.
+        events: u64,
+    },
+}
+
+impl Error {
+    /// Whether this is (or was aborted because of) a call mismatch across
+    /// ranks, and this rank saw it itself.
+    pub fn is_mismatched_call(&self) -> bool {
+        matches!(
+            self,
+            Error::Machine {
+                source: ringcc_core::Error::MismatchedCall { .. },
+                ..
+            }
+        )
+    }
+
+    /// The completion status behind this error, if a work request failed
+    /// (directly, or as the cause of an abort).
+    pub fn wc_status(&self) -> Option<WcStatus> {
+        match self {
+            Error::Completion { status, .. } => Some(*status),
+            Error::Aborted { cause, .. } | Error::CommAborted { cause } => cause.wc_status(),
+            _ => None,
+        }
+    }
+
+    /// The error at the root of an abort (the error itself otherwise).
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::Aborted { cause, .. } | Error::CommAborted { cause } => cause.root_cause(),
+            e => e,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Config { what } => write!(f, "invalid cluster configuration: {what}"),
+            Error::Topology { source } => write!(f, "topology: {source}"),
+            Error::CallCount { ranks, calls } => {
+                write!(f, "{calls} calls given for {ranks} ranks (one per rank)")
+            }
+            Error::BufferCount { ranks, buffers } => {
+                write!(f, "{buffers} buffer pairs given for {ranks} ranks (one per rank)")
+            }
+            Error::InvalidCall { rank, source } => write!(f, "rank {rank}: invalid call: {source}"),
+            Error::Buffer {
+                rank,
+                which,
+                expected,
+                got,
+            } => write!(
+                f,
+                "rank {rank}: {which} buffer has {got} B, the call needs {expected} B"
+            ),
+            Error::Machine {
+                rank,
+                channel,
+                call,
+                source,
+            } => write!(f, "rank {rank} channel {channel}: Machine::{call}: {source}"),
+            Error::Reduce { rank, call, source } => write!(f, "rank {rank}: {call}: {source}"),
+            Error::Wire {
+                rank,
+                channel,
+                call,
+                source,
+            } => write!(f, "rank {rank} channel {channel}: {call}: {source}"),
+            Error::Post {
+                rank,
+                channel,
+                what,
+            } => write!(f, "rank {rank} channel {channel}: post_send: {what}"),
+            Error::Completion {
+                rank,
+                channel,
+                request,
+                status,
+                qpn,
+            } => write!(
+                f,
+                "rank {rank} channel {channel}: {request} on QP {qpn:#x} completed with {status:?}"
+            ),
+            Error::Timeout {
+                rank,
+                channel,
+                waited,
+                waiting_for,
+            } => write!(
+                f,
+                "rank {rank} channel {channel}: no progress for {waited:.6} s (waiting for {waiting_for})"
+            ),
+            Error::RankDied { rank, at } => write!(f, "rank {rank} died at {at:.6} s"),
+            Error::Aborted {
+                rank,
+                origin,
+                cause,
+            } => write!(f, "rank {rank}: aborted by rank {origin}: {cause}"),
+            Error::CommAborted { cause } => {
+                write!(f, "the communicator was aborted by an earlier failure: {cause}")
+            }
+            Error::EventLimit { rank, events } => write!(
+                f,
+                "rank {rank}: the run processed {events} events without finishing (livelock?)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Topology { source }
+            | Error::InvalidCall { source, .. }
+            | Error::Machine { source, .. }
+            | Error::Reduce { source, .. } => Some(source),
+            Error::Wire { source, .. } => Some(source),
+            Error::Aborted { cause, .. } | Error::CommAborted { cause } => Some(cause.as_ref()),
+            _ => None,
+        }
+    }
+}

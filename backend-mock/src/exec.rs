@@ -1,0 +1,208 @@
+//! Carrying out one slice (`Exec`) on a GPU: the bytes (payload mode) and
+//! the time.
+//!
+//! The data flow is the core's: the incoming slot (RECV) or the input,
+//! reduced with the input (REDUCE, `incoming ⊕ local`, finalized where the
+//! primitive completes the reduction), copied to the output (COPY), and
+//! sent (SEND): over NVLink straight into the successor's slot, or into
+//! the rank's staging slot, from which the RNIC sends it once the slice is
+//! done.
+//!
+//! Time: the bytes the slice moves through device memory over the GPU's
+//! bandwidth, plus a fixed overhead; an NVLink store streams while the
+//! block computes, so the slice is done when both the compute and the link
+//! transfer (a serial resource shared by every channel using that GPU
+//! pair) are. The successor sees the slot and the `tail` one link latency
+//! after the last byte left.
+
+use ringcc_core::prim::Exec;
+use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::Primitive;
+
+use crate::engine::{xfer_ps, Ev, NONE};
+use crate::error::Error;
+use crate::fabric::Hop;
+use crate::sim::Sim;
+use crate::trace::Rec;
+
+/// NVLink payload in flight: lands in `lane`'s FIFO at `offset`.
+#[derive(Debug)]
+pub(crate) struct Xfer {
+    pub rank: u32,
+    pub offset: usize,
+    pub data: Vec<u8>,
+}
+
+impl Sim {
+    pub(crate) fn start_exec(&mut self, l: u32, e: Exec) -> Result<(), Error> {
+        let now = self.eng.now();
+        let t = self.fab.lanes[l as usize];
+        let elem = self.run.elem[t.rank as usize];
+        let bytes = e.count.saturating_mul(elem);
+        let p = e.primitive;
+        let result = if self.cfg.payload {
+            Some(self.compute(l, &e, bytes as usize)?)
+        } else {
+            None
+        };
+        let net_send = e.send.is_some() && matches!(t.hop, Hop::Net { .. });
+        let touched = u64::from(p.contains(Primitive::RECV))
+            + u64::from(p.reads_input())
+            + u64::from(p.contains(Primitive::COPY))
+            + u64::from(net_send);
+        let mut done = now
+            .saturating_add(self.gpu_overhead)
+            .saturating_add(xfer_ps(touched * bytes, self.cfg.gpu.mem_bandwidth));
+        if let Some(span) = e.send {
+            match t.hop {
+                Hop::Nvlink { link } => {
+                    let succ = self.fab.lane(t.channel, t.next);
+                    if let Some(h) = e.header {
+                        self.lanes[succ as usize].mailbox = Some((span.step, h));
+                    }
+                    let res = &mut self.fab.links[link as usize];
+                    let (start, end) = res.reserve(now, bytes);
+                    let arrive = end.saturating_add(res.latency);
+                    done = done.max(end);
+                    if self.trace.on {
+                        self.trace.push(Rec::Xfer {
+                            link,
+                            start,
+                            end,
+                            bytes,
+                            from: t.rank,
+                            to: t.next,
+                            channel: t.channel,
+                        });
+                    }
+                    if !self.faults.nvlink_dead(t.rank, t.next, start) {
+                        let xfer = match result {
+                            Some(data) => self.xfers.insert(Xfer {
+                                rank: t.next,
+                                offset: self.lanes[succ as usize].mem.inbox
+                                    + span.byte_offset(&self.cfg.geometry) as usize,
+                                data,
+                            }),
+                            None => NONE,
+                        };
+                        self.eng.at(
+                            arrive,
+                            Ev::Tail {
+                                lane: succ,
+                                hdr: e.header.is_some(),
+                                xfer,
+                                tail: span.end(),
+                            },
+                        );
+                    }
+                }
+                Hop::Net { .. } => {
+                    if let Some(data) = result {
+                        let off = self.lanes[l as usize].mem.staging
+                            + span.byte_offset(&self.cfg.geometry) as usize;
+                        self.mem.write(t.rank, off, &data);
+                    }
+                }
+                Hop::Loopback => {}
+            }
+        }
+        self.stats.execs += 1;
+        if self.trace.on {
+            self.trace.push(Rec::Exec {
+                lane: l,
+                start: now,
+                end: done,
+                prim: p,
+                chunk: e.chunk.0,
+                step: e.step_index,
+                slice: e.slice,
+                loop_index: e.loop_index,
+                bytes,
+            });
+        }
+        self.eng.at(done, Ev::ExecDone { lane: l });
+        Ok(())
+    }
+
+    /// Payload mode: computes the slice's result, writes the output, and
+    /// returns the bytes to send.
+    fn compute(&mut self, l: u32, e: &Exec, bytes: usize) -> Result<Vec<u8>, Error> {
+        let t = self.fab.lanes[l as usize];
+        let rank = t.rank;
+        let call = self.run.calls[rank as usize];
+        let lay = self.run.layouts[rank as usize];
+        let elem = call.elem();
+        let p = e.primitive;
+        let missing = |what: &'static str| Error::Reduce {
+            rank,
+            call: what,
+            source: ringcc_core::Error::BadLength { dst: bytes, src: 0 },
+        };
+        let incoming = match e.recv {
+            Some(span) => {
+                let off = self.lanes[l as usize].mem.inbox
+                    + span.byte_offset(&self.cfg.geometry) as usize;
+                let s = self.mem.read(rank, off, bytes);
+                if s.len() != bytes {
+                    return Err(missing("read FIFO slot"));
+                }
+                Some(s)
+            }
+            None => None,
+        };
+        let bufs = &mut self.run.bufs[rank as usize];
+        let local = if p.reads_input() {
+            let src = if lay.in_place {
+                &bufs.output
+            } else {
+                &bufs.input
+            };
+            let at = lay.input_at + e.input_offset as usize * elem;
+            Some(
+                src.get(at..at + bytes)
+                    .ok_or_else(|| missing("read input"))?,
+            )
+        } else {
+            None
+        };
+        let mut result = vec![0u8; bytes];
+        match (incoming, local) {
+            (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
+                reduce(call.dtype, call.op, &mut result, inc, loc).map_err(|source| {
+                    Error::Reduce {
+                        rank,
+                        call: "reduce",
+                        source,
+                    }
+                })?;
+                if p.finalizes() {
+                    finalize(call.dtype, call.op, &mut result, self.fab.ranks).map_err(
+                        |source| Error::Reduce {
+                            rank,
+                            call: "finalize",
+                            source,
+                        },
+                    )?;
+                }
+            }
+            (Some(inc), _) => result.copy_from_slice(inc),
+            (None, Some(loc)) => result.copy_from_slice(loc),
+            (None, None) => return Err(missing("primitive without data")),
+        }
+        if p.contains(Primitive::COPY) {
+            let at = lay.output_at + e.output_offset as usize * elem;
+            bufs.output
+                .get_mut(at..at + bytes)
+                .ok_or_else(|| missing("write output"))?
+                .copy_from_slice(&result);
+        }
+        Ok(result)
+    }
+
+    /// NVLink payload lands in the receiver's slot.
+    pub(crate) fn land(&mut self, xfer: u32) {
+        if let Some(x) = self.xfers.take(xfer) {
+            self.mem.write(x.rank, x.offset, &x.data);
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Seeded, reproducible faults, applied as a wrapper around the links.
+//!
+//! Packet faults (loss, duplication, reordering) act on the NIC links and
+//! need the packet-level model (payload mode); delay jitter applies to NIC
+//! packets or, in timing-only mode, to whole messages (which stay in order,
+//! as a reliable connection delivers them). Failures switch a component off
+//! at a virtual time: a rank (its GPU stops, its queue pairs stop
+//! answering), a NIC (nothing leaves or enters it), an NVLink (nothing
+//! crosses it). A corrupted remote key makes one connection's sender use a
+//! wrong key, so its first RDMA WRITE fails at the responder.
+
+use crate::config::ClusterConfig;
+use crate::engine::{ps, Ps};
+use crate::error::Error;
+
+/// A component that fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    /// A rank: its GPU stops, and its queue pairs no longer answer (the
+    /// process is gone).
+    Rank(u32),
+    /// A NIC port of a node (or its cable): nothing leaves or enters it.
+    Nic {
+        /// The node.
+        node: u32,
+        /// The NIC within the node.
+        nic: u16,
+    },
+    /// The NVLink path from one GPU to another of the same node.
+    NvLink {
+        /// Sending rank.
+        from: u32,
+        /// Receiving rank.
+        to: u32,
+    },
+}
+
+/// A component failing at a virtual time (seconds since the cluster was
+/// built).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Failure {
+    /// What fails.
+    pub what: Component,
+    /// When, in virtual seconds.
+    pub at: f64,
+}
+
+/// One connection: channel `channel`'s hop from `rank` to its successor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnId {
+    /// The channel.
+    pub channel: u32,
+    /// The sending rank.
+    pub rank: u32,
+}
+
+/// The faults of a cluster. The default injects nothing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Faults {
+    /// Seed of the fault generator: the same seed gives the same faults.
+    pub seed: u64,
+    /// Probability that a NIC packet is lost.
+    pub loss: f64,
+    /// Probability that a NIC packet is delivered twice.
+    pub duplicate: f64,
+    /// Probability that a NIC packet is held back by `reorder_delay`, so
+    /// that later packets overtake it.
+    pub reorder: f64,
+    /// How long a reordered packet is held back, seconds.
+    pub reorder_delay: f64,
+    /// Extra delay, uniform in `[0, jitter]` seconds, of every NIC packet
+    /// (every NIC message in timing-only mode).
+    pub jitter: f64,
+    /// Components that fail, and when.
+    pub failures: Vec<Failure>,
+    /// A connection whose sender presents a corrupted remote key.
+    pub bad_rkey: Option<ConnId>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            seed: 0,
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            reorder_delay: 20e-6,
+            jitter: 0.0,
+            failures: Vec::new(),
+            bad_rkey: None,
+        }
+    }
+}
+
+impl Faults {
+    /// Whether any packet-level fault is set.
+    pub fn packet_faults(&self) -> bool {
+        self.loss > 0.0 || self.duplicate > 0.0 || self.reorder > 0.0 || self.bad_rkey.is_some()
+    }
+
+    pub(crate) fn validate(&self, cfg: &ClusterConfig) -> Result<(), Error> {
+        let bad = |what: String| Error::Config { what };
+        for (name, p) in [
+            ("loss", self.loss),
+            ("duplicate", self.duplicate),
+            ("reorder", self.reorder),
+        ] {
+            if !(0.0..=0.5).contains(&p) {
+                return Err(bad(format!("{name} probability {p} must be in 0..=0.5")));
+            }
+        }
+        for (name, s) in [("reorder delay", self.reorder_delay), ("jitter", self.jitter)] {
+            if !(s.is_finite() && s >= 0.0) {
+                return Err(bad(format!("{name} must be non-negative and finite")));
+            }
+        }
+        if self.packet_faults() && !cfg.payload {
+            return Err(bad(
+                "loss, duplication, reordering and key corruption need payload mode \
+                 (packets are simulated only there)"
+                    .into(),
+            ));
+        }
+        let ranks = cfg.ranks();
+        for f in &self.failures {
+            if !(f.at.is_finite() && f.at >= 0.0) {
+                return Err(bad(format!("failure time {} must be non-negative", f.at)));
+            }
+            let ok = match f.what {
+                Component::Rank(r) => u64::from(r) < ranks,
+                Component::Nic { node, nic } => node < cfg.nodes && nic < cfg.nics_per_node,
+                Component::NvLink { from, to } => {
+                    u64::from(from) < ranks
+                        && u64::from(to) < ranks
+                        && from / cfg.gpus_per_node == to / cfg.gpus_per_node
+                        && from != to
+                }
+            };
+            if !ok {
+                return Err(bad(format!("no such component: {:?}", f.what)));
+            }
+        }
+        if let Some(c) = self.bad_rkey {
+            if c.channel >= cfg.channels || u64::from(c.rank) >= ranks {
+                return Err(bad(format!("no such connection: {c:?}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64: small, well mixed, seedable.
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// True with probability `p` (draws nothing when `p` is 0).
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.unit() < p
+    }
+}
+
+/// What the fault wrapper does with one packet (or message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Never arrives.
+    Lost,
+    /// Arrives at the first time, and again at the second when duplicated.
+    Arrives(Ps, Option<Ps>),
+}
+
+/// The faults in effect, in simulator units.
+#[derive(Clone, Debug)]
+pub(crate) struct FaultState {
+    pub rng: Rng,
+    pub loss: f64,
+    pub duplicate: f64,
+    pub reorder: f64,
+    pub reorder_delay: Ps,
+    pub jitter: Ps,
+    /// Per rank: when it dies.
+    pub rank_dies: Vec<Option<Ps>>,
+    /// (node, nic) → when it dies.
+    pub nic_dies: Vec<((u32, u16), Ps)>,
+    /// (from, to) → when it dies.
+    pub nvlink_dies: Vec<((u32, u32), Ps)>,
+    pub bad_rkey: Option<ConnId>,
+}
+
+impl FaultState {
+    pub fn new(f: &Faults, ranks: u32) -> FaultState {
+        let mut rank_dies = vec![None; ranks as usize];
+        let mut nic_dies = Vec::new();
+        let mut nvlink_dies = Vec::new();
+        for x in &f.failures {
+            let at = ps(x.at);
+            match x.what {
+                Component::Rank(r) => {
+                    if let Some(slot) = rank_dies.get_mut(r as usize) {
+                        let t: &mut Option<Ps> = slot;
+                        *t = Some(t.map_or(at, |old| old.min(at)));
+                    }
+                }
+                Component::Nic { node, nic } => nic_dies.push(((node, nic), at)),
+                Component::NvLink { from, to } => nvlink_dies.push(((from, to), at)),
+            }
+        }
+        FaultState {
+            rng: Rng::new(f.seed ^ 0xfa17_5eed_0000_0001),
+            loss: f.loss,
+            duplicate: f.duplicate,
+            reorder: f.reorder,
+            reorder_delay: ps(f.reorder_delay),
+            jitter: ps(f.jitter),
+            rank_dies,
+            nic_dies,
+            nvlink_dies,
+            bad_rkey: f.bad_rkey,
+        }
+    }
+
+    pub fn rank_dead(&self, rank: u32, now: Ps) -> bool {
+        matches!(self.rank_dies.get(rank as usize), Some(Some(t)) if *t <= now)
+    }
+
+    pub fn nic_dead(&self, node: u32, nic: u16, now: Ps) -> bool {
+        self.nic_dies
+            .iter()
+            .any(|&(k, t)| k == (node, nic) && t <= now)
+    }
+
+    pub fn nvlink_dead(&self, from: u32, to: u32, now: Ps) -> bool {
+        self.nvlink_dies
+            .iter()
+            .any(|&(k, t)| k == (from, to) && t <= now)
+    }
+
+    /// Extra delay of one NIC message or packet: jitter, and for packets
+    /// the reorder hold-back.
+    pub fn jitter(&mut self) -> Ps {
+        if self.jitter == 0 {
+            return 0;
+        }
+        (self.rng.unit() * self.jitter as f64) as Ps
+    }
+
+    /// The fate of one packet that finishes leaving its port at `sent` and
+    /// would arrive `latency` later.
+    pub fn packet(&mut self, sent: Ps, latency: Ps) -> Fate {
+        if self.rng.chance(self.loss) {
+            return Fate::Lost;
+        }
+        let mut at = sent.saturating_add(latency).saturating_add(self.jitter());
+        if self.rng.chance(self.reorder) {
+            at = at.saturating_add(self.reorder_delay);
+        }
+        let dup = if self.rng.chance(self.duplicate) {
+            Some(at.saturating_add(1 + self.jitter()))
+        } else {
+            None
+        };
+        Fate::Arrives(at, dup)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_uniform_enough_and_seeded() {
+        let mut a = Rng::new(7);
+        let mut b = Rng::new(7);
+        let n = 100_000;
+        let hits = (0..n).filter(|_| a.chance(0.1)).count();
+        assert!((9_000..11_000).contains(&hits), "{hits}");
+        let mut a2 = Rng::new(7);
+        for _ in 0..10 {
+            assert_eq!(a2.next_u64(), b.next_u64());
+        }
+        assert!(!Rng::new(1).chance(0.0));
+    }
+
+    #[test]
+    fn failures_apply_from_their_time() {
+        let f = Faults {
+            failures: vec![
+                Failure {
+                    what: Component::Rank(1),
+                    at: 1e-3,
+                },
+                Failure {
+                    what: Component::Nic { node: 0, nic: 1 },
+                    at: 0.0,
+                },
+            ],
+            ..Default::default()
+        };
+        let s = FaultState::new(&f, 4);
+        assert!(!s.rank_dead(1, ps(0.5e-3)));
+        assert!(s.rank_dead(1, ps(1e-3)));
+        assert!(!s.rank_dead(0, ps(1.0)));
+        assert!(s.nic_dead(0, 1, 0));
+        assert!(!s.nic_dead(0, 0, 0));
+    }
+}

@@ -1,0 +1,534 @@
+//! The simulator's state and its run loop: build a machine per lane for
+//! the call, drive them, process events until every lane has finished
+//! (done, failed or dead) and no abort is still on its way, then report.
+//!
+//! Failures propagate like NCCL's asynchronous errors: the first lane of a
+//! rank to fail stops the rank's other lanes and broadcasts an abort over
+//! the control network; every rank that receives it fails, even one that
+//! had finished (its success was not confirmed before the abort). Every
+//! lane also has its own deadline: no progress for `deadline` virtual
+//! seconds is a timeout. So a dead peer ends the run in bounded virtual
+//! time, and only a rank whose own result is complete, in a run where no
+//! rank failed, reports success.
+
+use ringcc_core::prim::Machine;
+use ringcc_core::{CallDesc, ChannelId, Plan, Rank};
+
+use crate::config::ClusterConfig;
+use crate::engine::{ps, secs, Engine, Ev, Ps, Slab};
+use crate::error::Error;
+use crate::exec::Xfer;
+use crate::fabric::{Fabric, Hop, RingRef};
+use crate::faults::FaultState;
+use crate::flow::give_up_after;
+use crate::lane::{Lane, LaneState};
+use crate::memory::Memory;
+use crate::pcap::Capture;
+use crate::report::{BufLayout, Call, LinkStats, RankBuffers, RunReport, Stats};
+use crate::rnic::{NicPort, Rnic};
+use crate::trace::Trace;
+
+/// A rank's fate in the current run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RankState {
+    pub died: Option<Ps>,
+    pub error: Option<Error>,
+    pub aborted: Option<u32>,
+    pub abort_sent: bool,
+}
+
+/// What the current run needs.
+#[derive(Debug, Default)]
+pub(crate) struct RunCtx {
+    pub calls: Vec<Call>,
+    pub elem: Vec<u64>,
+    pub layouts: Vec<BufLayout>,
+    pub bufs: Vec<RankBuffers>,
+    pub epoch: u32,
+    pub active: bool,
+    pub finished: usize,
+    pub aborts_in_flight: u64,
+}
+
+pub(crate) struct Sim {
+    pub cfg: ClusterConfig,
+    pub fab: Fabric,
+    pub eng: Engine,
+    pub lanes: Vec<Lane>,
+    pub ranks: Vec<RankState>,
+    pub run: RunCtx,
+    pub mem: Memory,
+    pub nic: Rnic,
+    pub faults: FaultState,
+    pub trace: Trace,
+    pub capture: Capture,
+    pub stats: Stats,
+    pub xfers: Slab<Xfer>,
+    pub gpu_overhead: Ps,
+    pub doorbell: Ps,
+    pub rto: Ps,
+    pub give_up: Ps,
+    pub rnr_delay: Ps,
+    pub deadline: Ps,
+    pub control: Ps,
+    pub seq: u64,
+    pub aborted: Option<Error>,
+}
+
+impl Sim {
+    pub fn new(cfg: ClusterConfig) -> Result<Sim, Error> {
+        cfg.validate()?;
+        let fab = Fabric::build(&cfg)?;
+        let n = fab.ranks;
+        if let Some(c) = cfg.faults.bad_rkey {
+            let l = fab.lane(c.channel, c.rank);
+            if !matches!(fab.lanes[l as usize].hop, Hop::Net { .. }) {
+                return Err(Error::Config {
+                    what: format!(
+                        "channel {} of rank {} is not an RDMA hop: there is no key to corrupt",
+                        c.channel, c.rank
+                    ),
+                });
+            }
+        }
+        let ports = fab
+            .ports
+            .iter()
+            .map(|p| NicPort::new(p.node, p.nic))
+            .collect();
+        let lanes = (0..fab.lanes.len()).map(|_| Lane::new()).collect();
+        let mut sim = Sim {
+            gpu_overhead: ps(cfg.gpu.step_overhead),
+            doorbell: ps(cfg.rnic.doorbell_latency),
+            rto: ps(cfg.rnic.rto()),
+            give_up: give_up_after(&cfg),
+            rnr_delay: ps(cfg.rnic.rnr_delay),
+            deadline: ps(cfg.deadline),
+            control: ps(cfg.control.latency),
+            faults: FaultState::new(&cfg.faults, n),
+            trace: Trace::new(cfg.trace),
+            capture: Capture::new(cfg.capture),
+            mem: Memory::new(if cfg.payload { n } else { 0 }),
+            nic: Rnic::new(ports),
+            ranks: vec![RankState::default(); n as usize],
+            run: RunCtx::default(),
+            stats: Stats::default(),
+            xfers: Slab::new(),
+            eng: Engine::new(),
+            seq: 0,
+            aborted: None,
+            lanes,
+            fab,
+            cfg,
+        };
+        if sim.cfg.payload {
+            sim.setup_payload()?;
+        }
+        for (r, t) in sim.faults.rank_dies.clone().into_iter().enumerate() {
+            if let Some(t) = t {
+                sim.eng.at(t, Ev::Death { rank: r as u32 });
+            }
+        }
+        sim.update_stats();
+        Ok(sim)
+    }
+
+    fn update_stats(&mut self) {
+        self.stats.events = self.eng.processed();
+        self.stats.event_hash = self.eng.hash();
+        self.stats.links = self
+            .fab
+            .links
+            .iter()
+            .map(|l| LinkStats {
+                name: l.name.clone(),
+                kind: l.kind,
+                bytes: l.bytes,
+                messages: l.messages,
+                busy: secs(l.busy),
+            })
+            .collect();
+    }
+
+    fn check_buffers(&self, calls: &[Call], buffers: &[RankBuffers], in_place: bool) -> Result<(), Error> {
+        let n = self.fab.ranks;
+        if buffers.len() != n as usize {
+            return Err(Error::BufferCount {
+                ranks: n,
+                buffers: buffers.len(),
+            });
+        }
+        for (r, (call, b)) in calls.iter().zip(buffers).enumerate() {
+            let l = BufLayout::new(call, n, r as u32, in_place);
+            let rank = r as u32;
+            let checks: &[(&'static str, usize, usize)] = if in_place {
+                &[("in-place", l.in_place_len(), b.output.len())]
+            } else {
+                &[
+                    ("input", l.input_len, b.input.len()),
+                    ("output", l.output_len, b.output.len()),
+                ]
+            };
+            for &(which, expected, got) in checks {
+                if expected != got {
+                    return Err(Error::Buffer {
+                        rank,
+                        which,
+                        expected,
+                        got,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One collective on every rank.
+    pub fn run(
+        &mut self,
+        calls: &[Call],
+        buffers: &mut [RankBuffers],
+        in_place: bool,
+    ) -> Result<RunReport, Error> {
+        if let Some(cause) = &self.aborted {
+            return Err(Error::CommAborted {
+                cause: Box::new(cause.clone()),
+            });
+        }
+        let n = self.fab.ranks;
+        if calls.len() != n as usize {
+            return Err(Error::CallCount {
+                ranks: n,
+                calls: calls.len(),
+            });
+        }
+        let cfg = &self.cfg;
+        let plans: Vec<Plan> = calls
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                Plan::new(c.collective, c.count, c.dtype, n, cfg.channels, cfg.chunk_bytes).map_err(
+                    |source| Error::InvalidCall {
+                        rank: r as u32,
+                        source,
+                    },
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        if cfg.payload {
+            self.check_buffers(calls, buffers, in_place)?;
+        }
+        let mut machines = Vec::with_capacity(self.lanes.len());
+        for c in 0..cfg.channels {
+            let ring: &RingRef = &self.fab.rings[c as usize];
+            for r in 0..n {
+                let call = calls[r as usize];
+                let desc = CallDesc::new(self.seq, call.collective, call.count, call.dtype, call.op);
+                let invalid = |source| Error::InvalidCall { rank: r, source };
+                let steps = plans[r as usize]
+                    .steps(ChannelId(c as u8), Rank(r), ring.clone())
+                    .map_err(invalid)?;
+                let link = self.lanes[self.fab.lane(c, r) as usize].link;
+                machines.push(Machine::new(desc, steps, cfg.geometry, link).map_err(invalid)?);
+            }
+        }
+        // From here on the run happens.
+        let now = self.eng.now();
+        let start_events = self.eng.processed();
+        self.run.calls = calls.to_vec();
+        self.run.elem = calls.iter().map(|c| u64::from(c.dtype.size())).collect();
+        self.run.layouts = (0..n)
+            .map(|r| BufLayout::new(&calls[r as usize], n, r, in_place))
+            .collect();
+        self.run.bufs = if self.cfg.payload {
+            buffers.iter_mut().map(std::mem::take).collect()
+        } else {
+            Vec::new()
+        };
+        self.run.epoch = self.run.epoch.wrapping_add(1);
+        self.run.active = true;
+        self.run.finished = 0;
+        self.run.aborts_in_flight = 0;
+        for rs in &mut self.ranks {
+            rs.error = None;
+            rs.aborted = None;
+            rs.abort_sent = false;
+        }
+        for (l, m) in machines.into_iter().enumerate() {
+            let rank = self.fab.lanes[l].rank;
+            let dead = self.ranks[rank as usize].died.is_some();
+            let lane = &mut self.lanes[l];
+            lane.machine = Some(m);
+            lane.mailbox = None;
+            lane.last_progress = now;
+            lane.state = if dead {
+                self.run.finished += 1;
+                LaneState::Dead
+            } else {
+                LaneState::Running
+            };
+        }
+        self.eng.at(
+            now.saturating_add(self.deadline),
+            Ev::Watchdog {
+                epoch: self.run.epoch,
+            },
+        );
+        for l in 0..self.lanes.len() as u32 {
+            self.drive(l);
+        }
+        let total = self.lanes.len();
+        loop {
+            if self.run.finished >= total && self.run.aborts_in_flight == 0 {
+                break;
+            }
+            let events = self.eng.processed() - start_events;
+            if events >= self.cfg.max_events {
+                tracing::warn!(events, "event limit reached");
+                self.fail_all(|rank| Error::EventLimit { rank, events });
+                break;
+            }
+            let Some(ev) = self.eng.pop() else {
+                // The watchdog keeps the queue non-empty while a lane runs.
+                self.fail_all(|rank| Error::Timeout {
+                    rank,
+                    channel: 0,
+                    waited: 0.0,
+                    waiting_for: "an event (none left)",
+                });
+                break;
+            };
+            self.dispatch(ev);
+        }
+        Ok(self.finish(start_events, buffers, now))
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::ExecDone { lane } => self.on_exec_done(lane),
+            Ev::Tail {
+                lane,
+                hdr,
+                xfer,
+                tail,
+            } => self.on_tail(lane, hdr, xfer, tail),
+            Ev::Head { lane, head } => self.on_head(lane, head),
+            Ev::FlowFail { lane, credit } => self.on_flow_fail(lane, credit),
+            Ev::Abort { rank, origin } => self.on_abort(rank, origin),
+            Ev::Death { rank } => self.on_death(rank),
+            Ev::Watchdog { epoch } => self.on_watchdog(epoch),
+            Ev::Doorbell { qp } => {
+                self.on_doorbell(qp);
+                self.drain_cq();
+            }
+            Ev::PortTx { port } => self.on_port_tx(port),
+            Ev::Packet { frame } => {
+                self.on_packet(frame);
+                self.drain_cq();
+            }
+            Ev::QpTimer { qp, rnr } => {
+                self.on_qp_timer(qp, rnr);
+                self.drain_cq();
+            }
+        }
+    }
+
+    /// Ends the run: per-rank results, buffers back, state for the next.
+    fn finish(&mut self, start_events: u64, buffers: &mut [RankBuffers], start: Ps) -> RunReport {
+        let n = self.fab.ranks;
+        let mut results = Vec::with_capacity(n as usize);
+        for r in 0..n {
+            let rs = &self.ranks[r as usize];
+            results.push(if let Some(t) = rs.died {
+                Err(Error::RankDied { rank: r, at: secs(t) })
+            } else if let Some(e) = &rs.error {
+                Err(e.clone())
+            } else if let Some(origin) = rs.aborted {
+                Err(self.aborted_error(r, origin))
+            } else {
+                Ok(())
+            });
+        }
+        for lane in &mut self.lanes {
+            if let Some(m) = lane.machine.take() {
+                lane.link = m.link();
+            }
+            lane.state = LaneState::Idle;
+        }
+        for (dst, src) in buffers.iter_mut().zip(self.run.bufs.drain(..)) {
+            *dst = src;
+        }
+        self.run.active = false;
+        self.seq = self.seq.wrapping_add(1);
+        if self.aborted.is_none() {
+            let first = (0..n as usize).find_map(|r| {
+                let rs = &self.ranks[r];
+                match (&rs.error, rs.died) {
+                    (_, Some(t)) => Some(Error::RankDied {
+                        rank: r as u32,
+                        at: secs(t),
+                    }),
+                    (Some(e), _) if !matches!(e, Error::Aborted { .. }) => Some(e.clone()),
+                    _ => None,
+                }
+            });
+            self.aborted = first.or_else(|| results.iter().find_map(|r| r.clone().err()));
+        }
+        self.update_stats();
+        RunReport {
+            ranks: results,
+            start: secs(start),
+            end: secs(self.eng.now()),
+            events: self.eng.processed() - start_events,
+        }
+    }
+
+    fn aborted_error(&self, rank: u32, origin: u32) -> Error {
+        let cause = match &self.ranks[origin as usize] {
+            RankState {
+                error: Some(e), ..
+            } => e.clone(),
+            RankState { died: Some(t), .. } => Error::RankDied {
+                rank: origin,
+                at: secs(*t),
+            },
+            _ => Error::Config {
+                what: "unknown cause".into(),
+            },
+        };
+        Error::Aborted {
+            rank,
+            origin,
+            cause: Box::new(cause),
+        }
+    }
+
+    pub(crate) fn lane_done(&mut self, l: u32) {
+        let lane = &mut self.lanes[l as usize];
+        if lane.state == LaneState::Running {
+            lane.state = LaneState::Done;
+            self.run.finished += 1;
+        }
+    }
+
+    /// Lane `l` fails with `err`; a first failure of its rank stops the
+    /// rank and aborts the others.
+    pub(crate) fn fail_lane(&mut self, l: u32, err: Error) {
+        let lane = &mut self.lanes[l as usize];
+        if lane.state != LaneState::Running {
+            return;
+        }
+        lane.state = LaneState::Failed;
+        self.run.finished += 1;
+        let rank = self.fab.lanes[l as usize].rank;
+        let primary = !matches!(err, Error::Aborted { .. });
+        if primary {
+            tracing::debug!(%err, "lane failed");
+        }
+        let rs = &mut self.ranks[rank as usize];
+        if rs.error.is_none() {
+            rs.error = Some(err);
+        }
+        if primary && !rs.abort_sent {
+            rs.abort_sent = true;
+            let cause = Box::new(rs.error.clone().unwrap_or_else(|| Error::Config {
+                what: "unknown cause".into(),
+            }));
+            for c in 0..self.fab.channels {
+                let other = self.fab.lane(c, rank);
+                self.fail_lane(
+                    other,
+                    Error::Aborted {
+                        rank,
+                        origin: rank,
+                        cause: cause.clone(),
+                    },
+                );
+            }
+            for j in 0..self.fab.ranks {
+                if j != rank && self.ranks[j as usize].died.is_none() {
+                    self.run.aborts_in_flight += 1;
+                    self.eng.after(self.control, Ev::Abort { rank: j, origin: rank });
+                }
+            }
+        }
+    }
+
+    fn fail_all(&mut self, err: impl Fn(u32) -> Error) {
+        for l in 0..self.lanes.len() as u32 {
+            let rank = self.fab.lanes[l as usize].rank;
+            self.fail_lane(l, err(rank));
+        }
+        self.run.aborts_in_flight = 0;
+    }
+
+    fn on_abort(&mut self, rank: u32, origin: u32) {
+        self.run.aborts_in_flight = self.run.aborts_in_flight.saturating_sub(1);
+        if !self.run.active || self.ranks[rank as usize].died.is_some() {
+            return;
+        }
+        let rs = &mut self.ranks[rank as usize];
+        if rs.aborted.is_some() {
+            return;
+        }
+        rs.aborted = Some(origin);
+        for c in 0..self.fab.channels {
+            let l = self.fab.lane(c, rank);
+            if self.running(l) {
+                let err = self.aborted_error(rank, origin);
+                self.fail_lane(l, err);
+            }
+        }
+    }
+
+    fn on_death(&mut self, rank: u32) {
+        let now = self.eng.now();
+        let rs = &mut self.ranks[rank as usize];
+        if rs.died.is_none() {
+            tracing::debug!(rank, "rank died");
+            rs.died = Some(now);
+        }
+        for c in 0..self.fab.channels {
+            let l = self.fab.lane(c, rank);
+            if self.running(l) {
+                self.lanes[l as usize].state = LaneState::Dead;
+                self.run.finished += 1;
+            }
+        }
+    }
+
+    fn on_watchdog(&mut self, epoch: u32) {
+        if epoch != self.run.epoch || !self.run.active {
+            return;
+        }
+        let now = self.eng.now();
+        let mut next: Option<Ps> = None;
+        for l in 0..self.lanes.len() as u32 {
+            if !self.running(l) {
+                continue;
+            }
+            let lane = &self.lanes[l as usize];
+            let due = lane.last_progress.saturating_add(self.deadline);
+            if due <= now {
+                let t = self.fab.lanes[l as usize];
+                let busy = lane.machine.as_ref().is_some_and(|m| m.pending().is_some());
+                let err = Error::Timeout {
+                    rank: t.rank,
+                    channel: t.channel,
+                    waited: secs(now - lane.last_progress),
+                    waiting_for: if busy {
+                        "its own slice"
+                    } else {
+                        "data or credit from a neighbour"
+                    },
+                };
+                self.fail_lane(l, err);
+            } else {
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+        }
+        if let Some(t) = next {
+            self.eng.at(t, Ev::Watchdog { epoch });
+        }
+    }
+}
