@@ -1,0 +1,108 @@
+//! `perf` on the CUDA GPUs of this process: `--gpus-per-node` ranks,
+//! spread round-robin over the devices (several ranks may share a GPU).
+
+use ringcc_cuda::perf::{self, PerfCase};
+use ringcc_cuda::{driver, Comm, Config};
+
+use crate::args::TopoArgs;
+use crate::error::CliError;
+use crate::perf::{PerfBackend, PerfCall};
+
+/// CUDA as a `perf` backend.
+pub struct CudaBackend {
+    comm: Comm,
+    devices: usize,
+    /// `#wrong` of the last timed case: the CUDA backend checks the
+    /// results of the run it timed.
+    last_wrong: Option<(PerfCall, bool, u64)>,
+}
+
+fn failed(e: ringcc_cuda::Error) -> CliError {
+    CliError::failed(format!("cuda: {e}"))
+}
+
+impl CudaBackend {
+    /// A communicator over this process's GPUs.
+    pub fn new(t: &TopoArgs) -> Result<CudaBackend, CliError> {
+        if t.nodes != 1 {
+            return Err(CliError::usage(
+                "--backend cuda drives the GPUs of one node: use --nodes 1",
+            ));
+        }
+        let devices = driver::device_count().map_err(failed)?;
+        if devices == 0 {
+            return Err(CliError::failed("cuda: no GPU found"));
+        }
+        let ordinals: Vec<usize> = (0..t.gpus_per_node as usize).map(|r| r % devices).collect();
+        let channels =
+            u8::try_from(t.channels()).map_err(|_| CliError::usage("too many channels"))?;
+        let config = Config {
+            channels,
+            chunk_bytes: t.chunk_bytes,
+            ..Config::default()
+        };
+        let comm = Comm::init_all(&ordinals, config).map_err(failed)?;
+        Ok(CudaBackend {
+            comm,
+            devices,
+            last_wrong: None,
+        })
+    }
+}
+
+impl PerfBackend for CudaBackend {
+    fn ranks(&self) -> u32 {
+        self.comm.ranks()
+    }
+
+    fn describe(&self) -> Vec<String> {
+        vec![format!(
+            "Backend: cuda — {} rank(s) on {} GPU(s) of this process",
+            self.comm.ranks(),
+            self.devices
+        )]
+    }
+
+    fn simulated(&self) -> bool {
+        false
+    }
+
+    fn time(
+        &mut self,
+        call: &PerfCall,
+        in_place: bool,
+        warmup: u32,
+        iters: u32,
+    ) -> Result<f64, CliError> {
+        let case = PerfCase {
+            collective: call.collective,
+            count: call.count,
+            dtype: call.dtype,
+            op: call.op,
+            in_place,
+            warmup,
+            iters,
+        };
+        let r = perf::run(&mut self.comm, &case).map_err(failed)?;
+        self.last_wrong = Some((*call, in_place, r.wrong));
+        Ok(r.time_us * 1e-6)
+    }
+
+    fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
+        match self.last_wrong {
+            Some((c, p, w)) if c == *call && p == in_place => Ok(w + corrupt.min(1)),
+            _ => {
+                let case = PerfCase {
+                    collective: call.collective,
+                    count: call.count,
+                    dtype: call.dtype,
+                    op: call.op,
+                    in_place,
+                    warmup: 0,
+                    iters: 1,
+                };
+                Ok(perf::verify(&mut self.comm, &case).map_err(failed)? + corrupt.min(1))
+            }
+        }
+    }
+}

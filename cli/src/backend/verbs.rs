@@ -1,0 +1,157 @@
+//! `perf` over RDMA verbs: one rank per process, launched by mpirun, srun
+//! or torchrun (or RINGCC_RANK / RINGCC_WORLD_SIZE / RINGCC_ADDR). Rank 0
+//! prints the table; times are the slowest rank's wall-clock time, and
+//! `#wrong` is summed over every rank — both agreed on with the
+//! communicator itself.
+
+use std::time::Instant;
+
+use ringcc_core::{verify, Collective, DataType, Plan, ReduceOp};
+use ringcc_verbs::{Call, Communicator, Config};
+
+use crate::args::TopoArgs;
+use crate::error::CliError;
+use crate::perf::{PerfBackend, PerfCall};
+
+/// RDMA verbs as a `perf` backend.
+pub struct VerbsBackend {
+    comm: Communicator,
+    channels: u32,
+    chunk_bytes: u64,
+    salt: u64,
+}
+
+fn failed(e: ringcc_verbs::Error) -> CliError {
+    CliError::failed(format!("verbs: {e}"))
+}
+
+impl VerbsBackend {
+    /// Joins the job this process was launched into.
+    pub fn new(t: &TopoArgs) -> Result<VerbsBackend, CliError> {
+        let mut config = Config::from_env().map_err(failed)?;
+        if let Some(c) = t.channels {
+            config.channels = c;
+        }
+        config.chunk_bytes = t.chunk_bytes;
+        config.cross_nic = t.cross_nic;
+        let (channels, chunk_bytes) = (config.channels, config.chunk_bytes);
+        let launch = ringcc_verbs::Launch::from_env().map_err(failed)?;
+        let comm = Communicator::new(launch, config).map_err(failed)?;
+        Ok(VerbsBackend {
+            comm,
+            channels,
+            chunk_bytes,
+            salt: 0x7665_7262,
+        })
+    }
+
+    fn call(c: &PerfCall) -> Call {
+        Call {
+            collective: c.collective,
+            count: c.count,
+            dtype: c.dtype,
+            op: c.op,
+        }
+    }
+
+    /// Agrees on one u64 across ranks with the communicator.
+    fn agree(&mut self, v: u64, op: ReduceOp) -> Result<u64, CliError> {
+        let mut out = [0u8; 8];
+        let call = Call {
+            collective: Collective::AllReduce,
+            count: 1,
+            dtype: DataType::U64,
+            op,
+        };
+        self.comm
+            .run(call, &v.to_ne_bytes(), &mut out)
+            .map_err(failed)?;
+        Ok(u64::from_ne_bytes(out))
+    }
+
+    fn buffers(&self, c: &PerfCall) -> Result<(Plan, Vec<u8>, Vec<u8>), CliError> {
+        let plan = Plan::new(
+            c.collective,
+            c.count,
+            c.dtype,
+            self.comm.world_size(),
+            self.channels,
+            self.chunk_bytes,
+        )
+        .map_err(CliError::core)?;
+        let e = usize::from(c.dtype.size());
+        Ok((
+            plan,
+            vec![0u8; plan.input_len() as usize * e],
+            vec![0u8; plan.output_len() as usize * e],
+        ))
+    }
+}
+
+impl PerfBackend for VerbsBackend {
+    fn ranks(&self) -> u32 {
+        self.comm.world_size()
+    }
+
+    fn describe(&self) -> Vec<String> {
+        vec![format!(
+            "Backend: verbs — {} rank(s), one per process, RC queue pairs, {} channel(s); this is rank {}. \
+             The API takes separate host buffers: the in-place columns repeat the out-of-place data path.",
+            self.comm.world_size(),
+            self.channels,
+            self.comm.rank()
+        )]
+    }
+
+    fn simulated(&self) -> bool {
+        false
+    }
+
+    fn prints(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    fn time(
+        &mut self,
+        c: &PerfCall,
+        _in_place: bool,
+        warmup: u32,
+        iters: u32,
+    ) -> Result<f64, CliError> {
+        let (_, input, mut output) = self.buffers(c)?;
+        let call = Self::call(c);
+        for _ in 0..warmup {
+            self.comm.run(call, &input, &mut output).map_err(failed)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            self.comm.run(call, &input, &mut output).map_err(failed)?;
+        }
+        let local = t0.elapsed().as_nanos() as u64 / u64::from(iters.max(1));
+        Ok(self.agree(local, ReduceOp::Max)? as f64 * 1e-9)
+    }
+
+    fn check(&mut self, c: &PerfCall, _in_place: bool, corrupt: u64) -> Result<u64, CliError> {
+        let (plan, mut input, mut output) = self.buffers(c)?;
+        let rank = self.comm.rank();
+        verify::fill_input(&plan, c.op, rank, self.salt, &mut input)
+            .map_err(|e| CliError::internal(e.to_string()))?;
+        self.comm
+            .run(Self::call(c), &input, &mut output)
+            .map_err(failed)?;
+        let victim = match c.collective {
+            Collective::Reduce { root } => root.0,
+            _ => 0,
+        };
+        if rank == victim {
+            let e = usize::from(c.dtype.size());
+            for el in output.chunks_exact_mut(e).take(corrupt as usize) {
+                el[0] ^= 0x5a;
+            }
+        }
+        let wrong = verify::count_wrong(&plan, c.op, rank, self.salt, &output)
+            .map_err(|e| CliError::internal(e.to_string()))?;
+        self.salt = self.salt.wrapping_add(1);
+        self.agree(wrong, ReduceOp::Sum)
+    }
+}
