@@ -151,6 +151,8 @@ fn label(plan: &Plan, ring: &Ring<'_, MAX_RANKS>, chunk: u32, v: &Sym) -> String
     v.iter().map(|&r| part(r)).collect::<Vec<_>>().join("+")
 }
 
+// Steps, ranks and chunks index several tables at once.
+#[allow(clippy::needless_range_loop)]
 fn schedule(
     w: &mut String,
     a: &ExplainArgs,
