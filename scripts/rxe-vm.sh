@@ -31,7 +31,8 @@
 # - /tmp inside the VM is an empty tmpfs: keep binaries elsewhere.
 #
 # Scratch shared with this machine, writable from the VM at the same path:
-# $RXE_VM_OUT (default $RXE_VM_WORK/out, RXE_VM_WORK default /var/tmp/rxe-vm).
+# $RXE_VM_OUT (default: a new directory under $RXE_VM_WORK, which defaults
+# to /var/tmp/rxe-vm); the VM's console log is kept there.
 set -euo pipefail
 TIMEOUT=600; SETUP_ONLY=0
 MTU=${RXE_VM_MTU:-9000}
@@ -47,8 +48,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 WORK=${RXE_VM_WORK:-/var/tmp/rxe-vm}
-OUT=${RXE_VM_OUT:-$WORK/out}
-mkdir -p "$WORK" "$OUT"
+mkdir -p "$WORK"
+# A scratch directory of its own unless told, so that VMs started at the
+# same time (other users of this machine) never share one.
+OUT=${RXE_VM_OUT:-$(mktemp -d "$WORK/out.XXXXXX")}
+mkdir -p "$OUT"
 
 need_pkgs=()
 command -v qemu-system-x86_64 >/dev/null || need_pkgs+=(qemu-system-x86)
@@ -75,7 +79,7 @@ KERNEL=/boot/vmlinuz-$KVER
 
 INITRD=$WORK/initrd-$KVER.gz
 if [ ! -s "$INITRD" ]; then
-  R=$WORK/initrd-root; rm -rf "$R"; mkdir -p "$R"/{bin,mods,proc,sys,dev,newroot}
+  R=$(mktemp -d "$WORK/initrd-root.XXXXXX"); mkdir -p "$R"/{bin,mods,proc,sys,dev,newroot}
   cp /bin/busybox "$R/bin/busybox"
   : > "$R/modules.order"
   for m in virtio_pci 9pnet_virtio 9p; do modprobe -S "$KVER" --show-depends "$m"; done \
@@ -96,7 +100,8 @@ echo "RXE-VM-EXIT $?"
 poweroff -f
 INIT
   chmod +x "$R/init"
-  (cd "$R" && find . | cpio -o -H newc 2>/dev/null | gzip > "$INITRD.tmp") && mv "$INITRD.tmp" "$INITRD"
+  (cd "$R" && find . | cpio -o -H newc 2>/dev/null | gzip > "$R.gz") && mv "$R.gz" "$INITRD"
+  rm -rf "$R"
 fi
 [ "$SETUP_ONLY" = 1 ] && { echo "rxe-vm: ready ($KERNEL)"; exit 0; }
 [ $# -gt 0 ] || { echo "usage: rxe-vm.sh [--timeout S] [--mtu B] -- COMMAND..." >&2; exit 2; }

@@ -6,7 +6,8 @@
 #      2, 3, 4 and 8 ranks, every collective, faults;
 #   2. the benchmark: ib_write_bw (unidirectional and -b bidirectional) and
 #      a 2-rank ringcc AllReduce, both at 16 MiB on the same device.
-# Prints the ratios and writes them to target/verbs-bench.txt.
+# Prints the ratios and writes them to target/verbs-bench.txt; the VM's
+# console log and every run's output are kept in target/verbs-vm/.
 #
 #   scripts/verbs-vm-tests.sh [--no-tests] [--no-bench] [-- TEST-FILTER...]
 #
@@ -45,18 +46,24 @@ scripts/rxe-vm.sh --setup-only
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 mkdir -p "$TARGET"
 echo "verbs-vm-tests: building (release)" >&2
-cargo build --release -q -p ringcc-verbs --example verbs_rank
-TEST_BIN=$(cargo test --release -p ringcc-verbs --test vm --no-run 2>&1 \
-  | sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' | tail -1)
+# One build of the crate's tests and examples (the rank binary): after the
+# workspace's `cargo test --release` this is (nearly) a no-op.
+BUILD_LOG=$(mktemp)
+if ! cargo test --release -p ringcc-verbs --no-run > "$BUILD_LOG" 2>&1; then
+  cat "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
+fi
+TEST_BIN=$(sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' "$BUILD_LOG" | tail -1)
+rm -f "$BUILD_LOG"
 [ -n "$TEST_BIN" ] || { echo "verbs-vm-tests: cannot find the vm test binary" >&2; exit 1; }
 case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
 RANK_BIN=$TARGET/release/examples/verbs_rank
 [ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
 T_BUILT=$(date +%s)
 
-export RXE_VM_OUT=${RXE_VM_OUT:-/var/tmp/rxe-vm/out-verbs}
-mkdir -p "$RXE_VM_OUT"
-rm -f "$RXE_VM_OUT"/*.txt "$RXE_VM_OUT"/*.json
+# Scratch shared with the VM: a directory of this run's own (copied to
+# $TARGET/verbs-vm/ at the end).
+mkdir -p /var/tmp/rxe-vm
+export RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
 BYTES=${VERBS_BENCH_BYTES:-16777216}
 ITERS=${VERBS_BENCH_ITERS:-5}
 IBW_ITERS=${IBW_ITERS:-10}
@@ -169,18 +176,24 @@ if [ "$RUN_BENCH" = 1 ]; then
   fi
 fi
 echo "verbs-vm-tests: building (release)" >&2
-cargo build --release -q -p ringcc-verbs --example verbs_rank
-TEST_BIN=$(cargo test --release -p ringcc-verbs --test vm --no-run 2>&1 \
-  | sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' | tail -1)
+# One build of the crate's tests and examples (the rank binary): after the
+# workspace's `cargo test --release` this is (nearly) a no-op.
+BUILD_LOG=$(mktemp)
+if ! cargo test --release -p ringcc-verbs --no-run > "$BUILD_LOG" 2>&1; then
+  cat "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
+fi
+TEST_BIN=$(sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' "$BUILD_LOG" | tail -1)
+rm -f "$BUILD_LOG"
 [ -n "$TEST_BIN" ] || { echo "verbs-vm-tests: cannot find the vm test binary" >&2; exit 1; }
 case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
 RANK_BIN=$TARGET/release/examples/verbs_rank
 [ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
 T_BUILT=$(date +%s)
 
-export RXE_VM_OUT=${RXE_VM_OUT:-/var/tmp/rxe-vm/out-verbs}
-mkdir -p "$RXE_VM_OUT"
-rm -f "$RXE_VM_OUT"/*.txt "$RXE_VM_OUT"/*.json
+# Scratch shared with the VM: a directory of this run's own (copied to
+# $TARGET/verbs-vm/ at the end).
+mkdir -p /var/tmp/rxe-vm
+export RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
 BYTES=${VERBS_BENCH_BYTES:-16777216}
 ITERS=${VERBS_BENCH_ITERS:-5}
 IBW_ITERS=${IBW_ITERS:-10}
@@ -285,18 +298,24 @@ if [ "$RUN_BENCH" = 1 ]; then
   fi
 fi
 echo "verbs-vm-tests: building (release)" >&2
-cargo build --release -q -p ringcc-verbs --example verbs_rank
-TEST_BIN=$(cargo test --release -p ringcc-verbs --test vm --no-run 2>&1 \
-  | sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' | tail -1)
+# One build of the crate's tests and examples (the rank binary): after the
+# workspace's `cargo test --release` this is (nearly) a no-op.
+BUILD_LOG=$(mktemp)
+if ! cargo test --release -p ringcc-verbs --no-run > "$BUILD_LOG" 2>&1; then
+  cat "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
+fi
+TEST_BIN=$(sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' "$BUILD_LOG" | tail -1)
+rm -f "$BUILD_LOG"
 [ -n "$TEST_BIN" ] || { echo "verbs-vm-tests: cannot find the vm test binary" >&2; exit 1; }
 case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
 RANK_BIN=$TARGET/release/examples/verbs_rank
 [ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
 T_BUILT=$(date +%s)
 
-export RXE_VM_OUT=${RXE_VM_OUT:-/var/tmp/rxe-vm/out-verbs}
-mkdir -p "$RXE_VM_OUT"
-rm -f "$RXE_VM_OUT"/*.txt "$RXE_VM_OUT"/*.json
+# Scratch shared with the VM: a directory of this run's own (copied to
+# $TARGET/verbs-vm/ at the end).
+mkdir -p /var/tmp/rxe-vm
+export RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
 BYTES=${VERBS_BENCH_BYTES:-16777216}
 ITERS=${VERBS_BENCH_ITERS:-5}
 IBW_ITERS=${IBW_ITERS:-10}
@@ -390,5 +409,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     [ "$rc" = 0 ] && rc=1
   fi
 fi
+rm -rf "$TARGET/verbs-vm"
+mkdir -p "$TARGET/verbs-vm"
+cp "$RXE_VM_OUT"/* "$TARGET/verbs-vm/" 2>/dev/null || true
+rm -rf "$RXE_VM_OUT"
 echo "verbs-vm-tests: build $((T_BUILT - T_START))s, VM $((T_END - T_BUILT))s, exit $rc" >&2
 exit $rc
