@@ -3,19 +3,17 @@
 //! events at equal times run in the order they were scheduled and a run is
 //! a pure function of its configuration.
 //!
-//! Every processed event is folded into an FNV-1a hash of
+//! Every processed event is folded into a word-wise FNV-1a hash of
 //! (time, kind, ids): two runs with the same configuration and seed have
 //! the same hash; a different interleaving changes it.
-
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
 /// Virtual time in picoseconds (2^64 ps is about 213 days).
 pub(crate) type Ps = u64;
 
 /// Seconds to picoseconds (saturating; negative and NaN give 0).
 pub(crate) fn ps(seconds: f64) -> Ps {
-    (seconds * 1e12).round() as Ps
+    // `as` saturates; adding a half rounds the non-negative values.
+    (seconds * 1e12 + 0.5) as Ps
 }
 
 /// Picoseconds to seconds.
@@ -40,14 +38,15 @@ pub(crate) enum Ev {
     /// The predecessor's `tail` (and, with `hdr`, the call header parked in
     /// the lane's mailbox) becomes visible to `lane`; `xfer` names NVLink
     /// payload bytes to land first.
+    /// (`tail` is the low 32 bits of the step counter.)
     Tail {
         lane: u32,
         hdr: bool,
         xfer: u32,
-        tail: u64,
+        tail: u32,
     },
-    /// The successor's `head` reaches `lane`.
-    Head { lane: u32, head: u64 },
+    /// A lane that waits for credit: its first pending credit arrived.
+    Wake { lane: u32 },
     /// Timing-only mode: a message of `lane`'s connection was lost for
     /// good; the requester (`lane`'s rank) gets `RETRY_EXC_ERR`.
     FlowFail { lane: u32, credit: bool },
@@ -78,8 +77,8 @@ impl Ev {
                 hdr,
                 xfer: _,
                 tail,
-            } => (2, u64::from(lane) | u64::from(hdr) << 32, tail),
-            Ev::Head { lane, head } => (3, u64::from(lane), head),
+            } => (2, u64::from(lane) | u64::from(hdr) << 32, u64::from(tail)),
+            Ev::Wake { lane } => (3, u64::from(lane), 0),
             Ev::FlowFail { lane, credit } => (4, u64::from(lane), u64::from(credit)),
             Ev::Abort { rank, origin } => (5, u64::from(rank), u64::from(origin)),
             Ev::Death { rank } => (6, u64::from(rank), 0),
@@ -94,44 +93,154 @@ impl Ev {
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    time: Ps,
-    seq: u64,
+    /// `time << 64 | seq`: ordering by the key is ordering by (time, seq).
+    key: u128,
     ev: Ev,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    // Reversed: BinaryHeap is a max-heap, we want the earliest first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.time, other.seq).cmp(&(self.time, self.seq))
-    }
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
-fn fnv_word(mut h: u64, w: u64) -> u64 {
-    for b in w.to_le_bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
+/// FNV-1a over 64-bit words (one multiply per word, not per byte: the
+/// log is hashed on the hot path).
+#[inline]
+fn fnv_word(h: u64, w: u64) -> u64 {
+    (h ^ w).wrapping_mul(FNV_PRIME)
+}
+
+/// Buckets of the calendar ring (a power of two).
+const RING: usize = 1 << 14;
+
+/// A calendar queue of the keys (time, seq): a ring of fixed-width time
+/// buckets covering the near future, an ordered heap for the far future.
+/// The bucket being drained is sorted once; an event for it is inserted
+/// in order. With a width that holds a few events per bucket, a push is
+/// an append and a pop a `Vec::pop`, whatever the number of pending
+/// events (a binary heap's pop walks log n cache lines). Pop order is
+/// exactly ascending (time, seq).
+#[derive(Debug)]
+struct Calendar {
+    /// log2 of the bucket width in picoseconds.
+    shift: u32,
+    /// Absolute bucket number being drained.
+    cur: u64,
+    /// Its events, sorted descending (the next one last).
+    current: Vec<Entry>,
+    ring: Vec<Vec<Entry>>,
+    /// Bit per ring slot: not empty.
+    bits: Vec<u64>,
+    /// Events beyond the ring's horizon.
+    far: std::collections::BinaryHeap<std::cmp::Reverse<FarEntry>>,
+}
+
+/// An entry of the far heap, ordered by key.
+#[derive(Clone, Copy, Debug)]
+struct FarEntry(Entry);
+
+impl PartialEq for FarEntry {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.key == o.0.key
     }
-    h
+}
+impl Eq for FarEntry {}
+impl PartialOrd for FarEntry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for FarEntry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.key.cmp(&o.0.key)
+    }
+}
+
+impl Calendar {
+    fn new(shift: u32) -> Calendar {
+        Calendar {
+            shift,
+            cur: 0,
+            current: Vec::new(),
+            ring: (0..RING).map(|_| Vec::new()).collect(),
+            bits: vec![0; RING / 64],
+            far: std::collections::BinaryHeap::new(),
+        }
+    }
+
+    #[inline]
+    fn bucket(&self, key: u128) -> u64 {
+        ((key >> 64) as u64) >> self.shift
+    }
+
+    #[inline]
+    fn push(&mut self, e: Entry) {
+        let b = self.bucket(e.key);
+        if b <= self.cur {
+            // The bucket being drained (keys never go back in time).
+            let i = self.current.partition_point(|x| x.key > e.key);
+            self.current.insert(i, e);
+        } else if b - self.cur < RING as u64 {
+            let s = (b as usize) & (RING - 1);
+            self.ring[s].push(e);
+            self.bits[s / 64] |= 1 << (s % 64);
+        } else {
+            self.far.push(std::cmp::Reverse(FarEntry(e)));
+        }
+    }
+
+    /// The first non-empty ring slot after the current bucket, as an
+    /// absolute bucket number.
+    fn next_in_ring(&self) -> Option<u64> {
+        let start = ((self.cur as usize) + 1) & (RING - 1);
+        let words = RING / 64;
+        let (w0, b0) = (start / 64, start % 64);
+        let first = self.bits[w0] & (!0u64 << b0);
+        let found = if first != 0 {
+            Some(w0 * 64 + first.trailing_zeros() as usize)
+        } else {
+            (1..=words).find_map(|k| {
+                let w = (w0 + k) % words;
+                let v = self.bits[w];
+                (v != 0).then(|| w * 64 + v.trailing_zeros() as usize)
+            })
+        }?;
+        let dist = (found + RING - start) % RING;
+        Some(self.cur + 1 + dist as u64)
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<Entry> {
+        if let Some(e) = self.current.pop() {
+            return Some(e);
+        }
+        let ring = self.next_in_ring();
+        let far = self.far.peek().map(|e| self.bucket(e.0 .0.key));
+        let next = match (ring, far) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        self.cur = next;
+        while let Some(e) = self.far.peek() {
+            let b = self.bucket(e.0 .0.key);
+            if b - self.cur >= RING as u64 {
+                break;
+            }
+            let e = self.far.pop()?.0 .0;
+            let s = (b as usize) & (RING - 1);
+            self.ring[s].push(e);
+            self.bits[s / 64] |= 1 << (s % 64);
+        }
+        let s = (self.cur as usize) & (RING - 1);
+        std::mem::swap(&mut self.current, &mut self.ring[s]);
+        self.bits[s / 64] &= !(1 << (s % 64));
+        self.current.sort_unstable_by(|a, b| b.key.cmp(&a.key));
+        self.current.pop()
+    }
 }
 
 /// The clock and the queue.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    heap: BinaryHeap<Entry>,
+    heap: Calendar,
     now: Ps,
     seq: u64,
     processed: u64,
@@ -139,9 +248,10 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub fn new() -> Engine {
+    /// An engine whose calendar buckets are `2^shift` ps wide.
+    pub fn new(shift: u32) -> Engine {
         Engine {
-            heap: BinaryHeap::with_capacity(1024),
+            heap: Calendar::new(shift.min(40)),
             now: 0,
             seq: 0,
             processed: 0,
@@ -161,8 +271,7 @@ impl Engine {
         let time = time.max(self.now);
         self.seq = self.seq.wrapping_add(1);
         self.heap.push(Entry {
-            time,
-            seq: self.seq,
+            key: u128::from(time) << 64 | u128::from(self.seq),
             ev,
         });
     }
@@ -177,10 +286,11 @@ impl Engine {
     #[inline]
     pub fn pop(&mut self) -> Option<Ev> {
         let e = self.heap.pop()?;
-        self.now = e.time;
+        let time = (e.key >> 64) as Ps;
+        self.now = time;
         self.processed = self.processed.wrapping_add(1);
         let (kind, a, b) = e.ev.words();
-        let mut h = fnv_word(self.hash, e.time);
+        let mut h = fnv_word(self.hash, time);
         h = fnv_word(h, u64::from(kind));
         h = fnv_word(h, a);
         self.hash = fnv_word(h, b);
@@ -244,14 +354,14 @@ mod tests {
 
     #[test]
     fn equal_times_pop_in_schedule_order() {
-        let mut e = Engine::new();
-        e.at(5, Ev::Head { lane: 1, head: 0 });
-        e.at(3, Ev::Head { lane: 2, head: 0 });
-        e.at(5, Ev::Head { lane: 3, head: 0 });
-        e.at(5, Ev::Head { lane: 4, head: 0 });
+        let mut e = Engine::new(10);
+        e.at(5, Ev::Wake { lane: 1 });
+        e.at(3, Ev::Wake { lane: 2 });
+        e.at(5, Ev::Wake { lane: 3 });
+        e.at(5, Ev::Wake { lane: 4 });
         let order: Vec<u32> = std::iter::from_fn(|| e.pop())
             .map(|ev| match ev {
-                Ev::Head { lane, .. } => lane,
+                Ev::Wake { lane } => lane,
                 _ => unreachable!(),
             })
             .collect();
@@ -261,9 +371,43 @@ mod tests {
     }
 
     #[test]
+    fn calendar_pops_in_key_order() {
+        // Random pushes no earlier than the last pop, against a sorted
+        // model.
+        let mut rng = crate::faults::Rng::new(9);
+        let mut e = Engine::new(10);
+        let mut model: Vec<(Ps, u32)> = Vec::new();
+        let mut id = 0u32;
+        for round in 0..2000 {
+            for _ in 0..(rng.next_u64() % 4) {
+                let dt = match rng.next_u64() % 4 {
+                    0 => 0,
+                    1 => rng.next_u64() % 10,
+                    2 => rng.next_u64() % 100_000,
+                    _ => rng.next_u64() % (1 << 40),
+                };
+                let t = e.now() + dt;
+                e.at(t, Ev::ExecDone { lane: id });
+                model.push((t, id));
+                id += 1;
+            }
+            if round % 3 != 0 {
+                // Stable sort: equal times keep schedule order.
+                model.sort_by_key(|&(t, _)| t);
+                let want = (!model.is_empty()).then(|| model.remove(0));
+                let got = e.pop().map(|ev| match ev {
+                    Ev::ExecDone { lane } => (e.now(), lane),
+                    _ => unreachable!(),
+                });
+                assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
     fn hash_depends_on_the_log() {
         let run = |t: Ps| {
-            let mut e = Engine::new();
+            let mut e = Engine::new(10);
             e.at(t, Ev::ExecDone { lane: 0 });
             e.pop();
             e.hash()

@@ -36,7 +36,7 @@ pub(crate) struct Xfer {
 impl Sim {
     pub(crate) fn start_exec(&mut self, l: u32, e: Exec) -> Result<(), Error> {
         let now = self.eng.now();
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         let elem = self.run.elem[t.rank as usize];
         let bytes = e.count.saturating_mul(elem);
         let p = e.primitive;
@@ -91,7 +91,7 @@ impl Sim {
                                 lane: succ,
                                 hdr: e.header.is_some(),
                                 xfer,
-                                tail: span.end(),
+                                tail: span.end() as u32,
                             },
                         );
                     }
@@ -127,7 +127,7 @@ impl Sim {
     /// Payload mode: computes the slice's result, writes the output, and
     /// returns the bytes to send.
     fn compute(&mut self, l: u32, e: &Exec, bytes: usize) -> Result<Vec<u8>, Error> {
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         let rank = t.rank;
         let call = self.run.calls[rank as usize];
         let lay = self.run.layouts[rank as usize];

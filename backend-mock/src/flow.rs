@@ -36,7 +36,7 @@ impl Sim {
         let Some(span) = e.send else {
             return Ok(());
         };
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         let Hop::Net { tx, rx, .. } = t.hop else {
             return Ok(());
         };
@@ -89,7 +89,7 @@ impl Sim {
                 lane: succ,
                 hdr: e.header.is_some(),
                 xfer: NONE,
-                tail: span.end(),
+                tail: span.end() as u32,
             },
         );
         Ok(())
@@ -101,11 +101,11 @@ impl Sim {
         if self.cfg.payload {
             return self.post_credit(l, pred, head);
         }
-        let Hop::Net { tx, rx, .. } = self.fab.lanes[pred as usize].hop else {
+        let Hop::Net { tx, rx, .. } = self.lanes[pred as usize].t.hop else {
             return Ok(());
         };
         let now = self.eng.now();
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         // The credit leaves from this lane's port (`rx` of the
         // predecessor's connection) towards the predecessor's (`tx`).
         let res = &self.fab.links[self.fab.ports[rx as usize].link as usize];
@@ -128,7 +128,7 @@ impl Sim {
         let lane = &mut self.lanes[l as usize];
         let arrive = arrive.saturating_add(jitter).max(lane.last_credit);
         lane.last_credit = arrive;
-        self.eng.at(arrive, Ev::Head { lane: pred, head });
+        self.push_credit(pred, arrive, head);
         Ok(())
     }
 
@@ -146,7 +146,7 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         self.fail_lane(
             l,
             Error::Completion {

@@ -3,12 +3,14 @@
 //! two connections. The progress loop polls the machine until it waits,
 //! carrying out every action; events feed the machine what happened.
 
+use ringcc_core::fifo::can_send;
 use ringcc_core::prim::{Action, LinkState, Machine};
+use ringcc_core::wire::post::widen_step;
 use ringcc_core::CallDesc;
 
 use crate::engine::{Ev, Ps};
 use crate::error::Error;
-use crate::fabric::{Hop, RingRef};
+use crate::fabric::{Hop, LaneTopo, RingRef};
 use crate::sim::Sim;
 
 /// Where a lane stands in the current run.
@@ -44,18 +46,87 @@ pub(crate) struct LaneMem {
     pub counter_key: u32,
 }
 
+/// Credits on their way to a sender, in arrival order: (arrival, head).
+///
+/// A credit matters to a machine only when it waits for FIFO room (or,
+/// after its last step, for its sends to be consumed). So credits are not
+/// events: they wait here and are handed over at the lane's next poll at
+/// or after their arrival; only a lane that waits for credit gets a
+/// wake-up event at the first arrival. The machine sees exactly what eager
+/// delivery would show it whenever its behaviour depends on it, at a third
+/// fewer events.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Credits {
+    first: u8,
+    len: u8,
+    /// Low 32 bits of each `head` (widened against the machine's).
+    head: [u32; 8],
+    at: [Ps; 8],
+}
+
+impl Credits {
+    /// Adds a credit arriving at `at` (not before the previous one).
+    pub fn push(&mut self, at: Ps, head: u64) {
+        if self.len == 8 {
+            // Cannot happen (at most 8 slots are in flight); merge rather
+            // than lose it.
+            let i = usize::from((self.first + 7) % 8);
+            self.at[i] = self.at[i].max(at);
+            self.head[i] = head as u32;
+            return;
+        }
+        let i = usize::from((self.first + self.len) % 8);
+        self.at[i] = at;
+        self.head[i] = head as u32;
+        self.len += 1;
+    }
+
+    /// The first credit (arrival, low 32 bits of `head`), if any.
+    pub fn front(&self) -> Option<(Ps, u32)> {
+        (self.len > 0).then(|| {
+            let i = usize::from(self.first);
+            (self.at[i], self.head[i])
+        })
+    }
+
+    fn pop(&mut self) {
+        if self.len > 0 {
+            self.first = (self.first + 1) % 8;
+            self.len -= 1;
+        }
+    }
+}
+
 /// One (channel, rank).
+///
+/// `repr(C)` to keep what every event touches (state, flags, topology,
+/// credits) in the first cache lines, ahead of the machine; the rest is
+/// cold. With 16 K lanes, cache misses are most of a large run's cost.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Lane {
+    pub state: LaneState,
+    /// A `Wake` event is pending.
+    pub wake: bool,
+    /// At its last poll the machine could have been waiting for credit.
+    pub credit_blocked: bool,
+    /// Whether the lane's last step began.
+    pub in_final: bool,
+    /// (loop, step) of the lane's last step.
+    pub final_step: (u64, u32),
+    /// Last time an event reached the lane (for the deadline).
+    pub last_progress: Ps,
+    /// Where it sits in the fabric (a copy of the fabric's, kept next to
+    /// the machine for the hot path).
+    pub t: LaneTopo,
+    /// Credits not yet handed to the machine.
+    pub credits: Credits,
     pub machine: Option<Machine<RingRef>>,
     /// Connection counters carried from one collective to the next.
     pub link: LinkState,
-    pub state: LaneState,
     /// A call header the predecessor sent over NVLink (or as a flow),
     /// delivered with the `Tail` that carries `hdr`.
     pub mailbox: Option<(u64, CallDesc)>,
-    /// Last time an event reached the lane (for the deadline).
-    pub last_progress: Ps,
     /// Payload mode, RDMA in-connection: the last `tail` (to widen
     /// immediates).
     pub recv_tail: u64,
@@ -68,8 +139,9 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    pub fn new() -> Lane {
+    pub fn new(t: LaneTopo) -> Lane {
         Lane {
+            t,
             machine: None,
             link: LinkState::default(),
             state: LaneState::Idle,
@@ -78,6 +150,11 @@ impl Lane {
             recv_tail: 0,
             last_arrival: 0,
             last_credit: 0,
+            credits: Credits::default(),
+            wake: false,
+            credit_blocked: false,
+            final_step: (0, 0),
+            in_final: false,
             mem: LaneMem::default(),
         }
     }
@@ -91,7 +168,9 @@ impl Sim {
 
     /// Polls lane `l`'s machine until it waits, carrying out its actions.
     pub(crate) fn drive(&mut self, l: u32) {
+        let sps = self.cfg.geometry.slots_per_slice();
         loop {
+            let now = self.eng.now();
             let lane = &mut self.lanes[l as usize];
             if lane.state != LaneState::Running {
                 return;
@@ -99,8 +178,28 @@ impl Sim {
             let Some(m) = lane.machine.as_mut() else {
                 return;
             };
+            while let Some((at, head)) = lane.credits.front() {
+                if at > now {
+                    break;
+                }
+                lane.credits.pop();
+                lane.last_progress = now;
+                let known = m.link().send_head;
+                let head = widen_step(head, known);
+                if head > known {
+                    if let Err(source) = m.handle_head(head) {
+                        let err = self.machine_error(l, "handle_head", source);
+                        self.fail_lane(l, err);
+                        return;
+                    }
+                }
+            }
             match m.poll_action() {
                 Ok(Some(Action::Exec(e))) => {
+                    if (e.loop_index, e.step_index) == lane.final_step {
+                        lane.in_final = true;
+                    }
+                    lane.credit_blocked = false;
                     if let Err(err) = self.start_exec(l, e) {
                         self.fail_lane(l, err);
                     }
@@ -116,7 +215,22 @@ impl Sim {
                     self.lane_done(l);
                     return;
                 }
-                Ok(None) => return,
+                Ok(None) => {
+                    // Waiting: for its own slice, for data, or for credit
+                    // (FIFO room, or its sends consumed after its last
+                    // step). Only the last needs a wake-up at the next
+                    // credit's arrival.
+                    let link = m.link();
+                    lane.credit_blocked = m.pending().is_none()
+                        && (lane.in_final || !can_send(link.send_head, link.send_next, sps));
+                    if lane.credit_blocked && !lane.wake {
+                        if let Some((at, _)) = lane.credits.front() {
+                            lane.wake = true;
+                            self.eng.at(at, Ev::Wake { lane: l });
+                        }
+                    }
+                    return;
+                }
                 Err(source) => {
                     let err = self.machine_error(l, "poll_action", source);
                     self.fail_lane(l, err);
@@ -126,13 +240,30 @@ impl Sim {
         }
     }
 
+    /// A credit for lane `l` (a sender) that arrives at `at`.
+    pub(crate) fn push_credit(&mut self, l: u32, at: Ps, head: u64) {
+        let lane = &mut self.lanes[l as usize];
+        lane.credits.push(at, head);
+        if lane.credit_blocked && !lane.wake {
+            lane.wake = true;
+            let first = lane.credits.front().map_or(at, |(t, _)| t);
+            self.eng.at(first, Ev::Wake { lane: l });
+        }
+    }
+
+    /// A credit wake-up.
+    pub(crate) fn on_wake(&mut self, l: u32) {
+        self.lanes[l as usize].wake = false;
+        self.drive(l);
+    }
+
     pub(crate) fn machine_error(
         &self,
         l: u32,
         call: &'static str,
         source: ringcc_core::Error,
     ) -> Error {
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         Error::Machine {
             rank: t.rank,
             channel: t.channel,
@@ -158,7 +289,7 @@ impl Sim {
             self.fail_lane(l, err);
             return;
         }
-        if let (Some(e), Hop::Net { .. }) = (exec, self.fab.lanes[l as usize].hop) {
+        if let (Some(e), Hop::Net { .. }) = (exec, lane.t.hop) {
             if e.send.is_some() {
                 if let Err(err) = self.net_send(l, &e) {
                     self.fail_lane(l, err);
@@ -170,16 +301,16 @@ impl Sim {
     }
 
     /// The predecessor's `tail` (and maybe call header) became visible.
-    pub(crate) fn on_tail(&mut self, l: u32, hdr: bool, xfer: u32, tail: u64) {
+    pub(crate) fn on_tail(&mut self, l: u32, hdr: bool, xfer: u32, tail: u32) {
         if xfer != crate::engine::NONE {
             self.land(xfer);
         }
-        let header = if hdr {
-            self.lanes[l as usize].mailbox.take()
-        } else {
-            None
-        };
-        self.deliver_tail(l, header, tail);
+        let lane = &mut self.lanes[l as usize];
+        let header = if hdr { lane.mailbox.take() } else { None };
+        // Events carry the low 32 bits of the step counter; a connection's
+        // tails arrive in order and never move by 2^32 at once.
+        let known = lane.machine.as_ref().map_or(0, |m| m.link().recv_tail);
+        self.deliver_tail(l, header, widen_step(tail, known));
     }
 
     /// Feeds lane `l` the predecessor's call header (if any) and `tail`.
@@ -232,16 +363,16 @@ impl Sim {
     /// Returns credit `head` from lane `l` to its predecessor.
     pub(crate) fn return_credit(&mut self, l: u32, head: u64) -> Result<(), Error> {
         self.stats.credits += 1;
-        let t = self.fab.lanes[l as usize];
+        let t = self.lanes[l as usize].t;
         let pred = self.fab.lane(t.channel, t.prev);
-        match self.fab.lanes[pred as usize].hop {
+        match self.lanes[pred as usize].t.hop {
             Hop::Loopback => Ok(()),
             Hop::Nvlink { link } => {
                 // A flag store over NVLink: latency only.
                 let now = self.eng.now();
                 if !self.faults.nvlink_dead(t.rank, t.prev, now) {
-                    let lat = self.fab.links[link as usize].latency;
-                    self.eng.after(lat, Ev::Head { lane: pred, head });
+                    let at = now.saturating_add(self.fab.links[link as usize].latency);
+                    self.push_credit(pred, at, head);
                 }
                 Ok(())
             }

@@ -75,6 +75,14 @@ pub(crate) struct Sim {
     pub aborted: Option<Error>,
 }
 
+/// Calendar bucket width: each lane has an event every microsecond or so;
+/// aim at a few events per bucket (the factor was measured on 128 and 512
+/// ranks).
+fn bucket_shift(lanes: usize) -> u32 {
+    let width = 8e6 / lanes.max(1) as f64;
+    (width.log2().floor() as u32).clamp(7, 30)
+}
+
 impl Sim {
     pub fn new(cfg: ClusterConfig) -> Result<Sim, Error> {
         cfg.validate()?;
@@ -96,7 +104,8 @@ impl Sim {
             .iter()
             .map(|p| NicPort::new(p.node, p.nic))
             .collect();
-        let lanes = (0..fab.lanes.len()).map(|_| Lane::new()).collect();
+        let lanes_len = fab.lanes.len();
+        let lanes = fab.lanes.iter().map(|t| Lane::new(*t)).collect();
         let mut sim = Sim {
             gpu_overhead: ps(cfg.gpu.step_overhead),
             doorbell: ps(cfg.rnic.doorbell_latency),
@@ -114,7 +123,7 @@ impl Sim {
             run: RunCtx::default(),
             stats: Stats::default(),
             xfers: Slab::new(),
-            eng: Engine::new(),
+            eng: Engine::new(bucket_shift(lanes_len)),
             seq: 0,
             aborted: None,
             lanes,
@@ -123,6 +132,9 @@ impl Sim {
         };
         if sim.cfg.payload {
             sim.setup_payload()?;
+            for (lane, t) in sim.lanes.iter_mut().zip(&sim.fab.lanes) {
+                lane.t = *t;
+            }
         }
         for (r, t) in sim.faults.rank_dies.clone().into_iter().enumerate() {
             if let Some(t) = t {
@@ -219,18 +231,16 @@ impl Sim {
             self.check_buffers(calls, buffers, in_place)?;
         }
         let mut machines = Vec::with_capacity(self.lanes.len());
-        for c in 0..cfg.channels {
+        for (t, lane) in self.fab.lanes.iter().zip(&self.lanes) {
+            let (c, r) = (t.channel, t.rank);
             let ring: &RingRef = &self.fab.rings[c as usize];
-            for r in 0..n {
-                let call = calls[r as usize];
-                let desc = CallDesc::new(self.seq, call.collective, call.count, call.dtype, call.op);
-                let invalid = |source| Error::InvalidCall { rank: r, source };
-                let steps = plans[r as usize]
-                    .steps(ChannelId(c as u8), Rank(r), ring.clone())
-                    .map_err(invalid)?;
-                let link = self.lanes[self.fab.lane(c, r) as usize].link;
-                machines.push(Machine::new(desc, steps, cfg.geometry, link).map_err(invalid)?);
-            }
+            let call = calls[r as usize];
+            let desc = CallDesc::new(self.seq, call.collective, call.count, call.dtype, call.op);
+            let invalid = |source| Error::InvalidCall { rank: r, source };
+            let steps = plans[r as usize]
+                .steps(ChannelId(c as u8), Rank(r), ring.clone())
+                .map_err(invalid)?;
+            machines.push(Machine::new(desc, steps, cfg.geometry, lane.link).map_err(invalid)?);
         }
         // From here on the run happens.
         let now = self.eng.now();
@@ -255,11 +265,21 @@ impl Sim {
             rs.abort_sent = false;
         }
         for (l, m) in machines.into_iter().enumerate() {
-            let rank = self.fab.lanes[l].rank;
-            let dead = self.ranks[rank as usize].died.is_some();
+            let t = self.fab.lanes[l];
+            let plan = &plans[t.rank as usize];
+            let loops = plan.loops(ChannelId(t.channel as u8)).unwrap_or(1);
+            let dead = self.ranks[t.rank as usize].died.is_some();
             let lane = &mut self.lanes[l];
             lane.machine = Some(m);
             lane.mailbox = None;
+            lane.credits = Default::default();
+            lane.wake = false;
+            lane.credit_blocked = false;
+            lane.in_final = false;
+            lane.final_step = (
+                loops.saturating_sub(1),
+                plan.steps_per_loop().saturating_sub(1),
+            );
             lane.last_progress = now;
             lane.state = if dead {
                 self.run.finished += 1;
@@ -312,7 +332,7 @@ impl Sim {
                 xfer,
                 tail,
             } => self.on_tail(lane, hdr, xfer, tail),
-            Ev::Head { lane, head } => self.on_head(lane, head),
+            Ev::Wake { lane } => self.on_wake(lane),
             Ev::FlowFail { lane, credit } => self.on_flow_fail(lane, credit),
             Ev::Abort { rank, origin } => self.on_abort(rank, origin),
             Ev::Death { rank } => self.on_death(rank),
