@@ -1,0 +1,258 @@
+//! The timing model against the seed documents and the alpha-beta model:
+//! per-hop times, ring AllReduce time, bus bandwidth, channel scaling, and
+//! the agreement of the packet-level NIC model with the flow model.
+
+use ringcc_core::cost::{self, Link};
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::{Collective, DataType, Rank, ReduceOp};
+use ringcc_mock::{Call, Cluster, ClusterConfig, LinkKind, RankBuffers, RunReport};
+
+/// RoCEv2 bytes per 4096-byte payload packet (Ethernet 14, IPv4 20, UDP 8,
+/// BTH 12, ICRC 4), plus a RETH (16) and an ImmDt (4) per 1 MiB message:
+/// the wire carries this much more than the data.
+const HEADER_OVERHEAD: f64 = (58.0 * 256.0 + 16.0 + 4.0) / (1u64 << 20) as f64;
+
+fn timing(nodes: u32, gpus: u32, nics: u16, channels: u32) -> ClusterConfig {
+    ClusterConfig {
+        nodes,
+        gpus_per_node: gpus,
+        nics_per_node: nics,
+        channels,
+        payload: false,
+        ..ClusterConfig::default()
+    }
+}
+
+fn run(cfg: ClusterConfig, call: Call) -> (Cluster, RunReport) {
+    let mut c = Cluster::new(cfg).unwrap();
+    let n = c.ranks();
+    let r = c.run(&vec![call; n as usize], &mut [], false).unwrap();
+    assert!(r.ok(), "{:?}", r.first_error());
+    (c, r)
+}
+
+fn f32_call(collective: Collective, bytes: u64) -> Call {
+    Call::new(collective, bytes / 4, DataType::F32, ReduceOp::Sum)
+}
+
+fn close(got: f64, want: f64, tol: f64) -> bool {
+    (got / want - 1.0).abs() <= tol
+}
+
+/// The seed's example: 3 nodes x 2 GPUs, ring 0 -> 1 -> ... -> 5, one
+/// 256 MB chunk per rank. NVLink carries a chunk in 256e6 / 300e9 =
+/// 0.853 ms, a 400 Gb/s NIC in 256e6 / 50e9 = 5.12 ms (plus 1.4 % of
+/// RoCEv2 headers); the ring AllReduce takes the alpha-beta time.
+#[test]
+fn seed_example_hops_and_allreduce() {
+    let cfg = timing(3, 2, 1, 1);
+    let n = 6;
+    let chunk = 256e6;
+    let call = f32_call(Collective::AllReduce, (chunk * n as f64) as u64);
+    let (c, r) = run(cfg, call);
+    assert_eq!(c.ring(0), [0, 1, 2, 3, 4, 5]);
+    // Every hop carries 2(n-1) chunk-steps of 256 MB.
+    let steps = 2.0 * (n as f64 - 1.0);
+    let mut nv = Vec::new();
+    let mut ib = Vec::new();
+    for l in &c.stats().links {
+        if l.bytes == 0 {
+            continue;
+        }
+        let per_chunk = l.busy / steps;
+        match l.kind {
+            LinkKind::NvLink { .. } => nv.push(per_chunk),
+            LinkKind::NicTx { .. } => ib.push(per_chunk),
+        }
+    }
+    assert_eq!((nv.len(), ib.len()), (3, 3));
+    for t in &nv {
+        assert!(close(*t, 0.853e-3, 0.005), "NVLink hop {t}");
+    }
+    for t in &ib {
+        assert!(close(*t, 5.12e-3 * (1.0 + HEADER_OVERHEAD), 0.005), "IB hop {t}");
+        assert!(close(*t, 5.1e-3, 0.03), "IB hop {t}");
+    }
+    let ratio = ib[0] / nv[0];
+    assert!((5.9..6.2).contains(&ratio), "IB/NVLink = {ratio} (about 6x, not 6000x)");
+    // The ring AllReduce against alpha-beta with the slowest link.
+    let bytes = chunk * n as f64;
+    let ab = cost::ring_time(Collective::AllReduce, bytes, n, Link::NIC_400G);
+    let ab_wire = cost::ring_time(
+        Collective::AllReduce,
+        bytes,
+        n,
+        Link {
+            bandwidth: 50e9 / (1.0 + HEADER_OVERHEAD),
+            ..Link::NIC_400G
+        },
+    );
+    let t = r.duration();
+    eprintln!(
+        "seed example: NVLink hop {:.4} ms, IB hop {:.4} ms, AllReduce {:.3} ms, alpha-beta {:.3} ms ({:.3} ms with headers)",
+        nv[0] * 1e3,
+        ib[0] * 1e3,
+        t * 1e3,
+        ab * 1e3,
+        ab_wire * 1e3
+    );
+    // Tolerance: 1.4 % of headers, and a pipeline fill of a few slices.
+    assert!(close(t, ab, 0.03), "{t} vs {ab}");
+    assert!(close(t, ab_wire, 0.01), "{t} vs {ab_wire}");
+}
+
+/// One hop of a 256 MB chunk on its own: a two-rank Broadcast takes the
+/// link time plus the first slice's fill.
+#[test]
+fn single_hop_times() {
+    let call = f32_call(Collective::Broadcast { root: Rank(0) }, 256_000_000);
+    let (_, nv) = run(timing(1, 2, 1, 1), call);
+    let (_, ib) = run(timing(2, 1, 1, 1), call);
+    eprintln!(
+        "256 MB hop: NVLink {:.4} ms, IB {:.4} ms",
+        nv.duration() * 1e3,
+        ib.duration() * 1e3
+    );
+    assert!(close(nv.duration(), 0.853e-3, 0.02), "{}", nv.duration());
+    assert!(close(ib.duration(), 5.12e-3 * (1.0 + HEADER_OVERHEAD), 0.01), "{}", ib.duration());
+}
+
+fn busbw(call: &Call, r: &RunReport, n: u32) -> f64 {
+    let bytes = call.count as f64 * f64::from(call.dtype.size());
+    cost::busbw(call.collective, bytes, r.duration(), n)
+}
+
+/// 1 GiB AllReduce: bus bandwidth at least 90 % of the bottleneck link.
+#[test]
+fn large_allreduce_reaches_bottleneck_bandwidth() {
+    let call = f32_call(Collective::AllReduce, 1 << 30);
+    // Across nodes, one channel: the NIC (50 GB/s) is the bottleneck.
+    let (_, r) = run(timing(2, 8, 1, 1), call);
+    let bw = busbw(&call, &r, 16);
+    eprintln!("2x8, 1 channel: busbw {:.2} GB/s of 50", bw / 1e9);
+    assert!(bw >= 0.9 * 50e9, "{bw}");
+    // One node: NVLink (300 GB/s) is.
+    let (_, r) = run(timing(1, 8, 1, 1), call);
+    let bw = busbw(&call, &r, 8);
+    eprintln!("1x8, 1 channel: busbw {:.2} GB/s of 300", bw / 1e9);
+    assert!(bw >= 0.9 * 300e9, "{bw}");
+}
+
+/// 8 channels on 8 NICs use 8 ports: about 8x the cross-node bandwidth of
+/// one channel (NVLink at 900 GB/s, H100-like, so the NICs stay the
+/// bottleneck).
+#[test]
+fn eight_channels_on_eight_nics_scale() {
+    let call = f32_call(Collective::AllReduce, 1 << 30);
+    let cfg = |channels| ClusterConfig {
+        nvlink: Link {
+            bandwidth: 900e9,
+            latency: 1e-6,
+        },
+        ..timing(2, 8, 8, channels)
+    };
+    let (_, one) = run(cfg(1), call);
+    let (c8, eight) = run(cfg(8), call);
+    let ratio = busbw(&call, &eight, 16) / busbw(&call, &one, 16);
+    eprintln!(
+        "busbw 1 channel {:.1} GB/s, 8 channels {:.1} GB/s: {ratio:.2}x",
+        busbw(&call, &one, 16) / 1e9,
+        busbw(&call, &eight, 16) / 1e9
+    );
+    assert!((7.0..=8.2).contains(&ratio), "{ratio}");
+    // Every NIC of node 0 carried an equal share.
+    let tx: Vec<u64> = c8
+        .stats()
+        .links
+        .iter()
+        .filter(|l| matches!(l.kind, LinkKind::NicTx { node: 0, .. }))
+        .map(|l| l.bytes)
+        .collect();
+    assert_eq!(tx.len(), 8);
+    let (lo, hi) = (tx.iter().min().unwrap(), tx.iter().max().unwrap());
+    assert!(*lo > 0 && (*hi - *lo) as f64 / (*hi as f64) < 0.01, "{tx:?}");
+}
+
+/// The packet-level NIC model (payload mode) and the flow model (timing
+/// only) agree on time for lossless links.
+#[test]
+fn packet_and_flow_models_agree() {
+    for (nodes, gpus, channels, collective, bytes) in [
+        (2, 1, 1, Collective::Broadcast { root: Rank(0) }, 8u64 << 20),
+        (2, 2, 2, Collective::AllReduce, 16 << 20),
+        (3, 1, 1, Collective::AllGather, 4 << 20),
+    ] {
+        let call = f32_call(collective, bytes);
+        let base = ClusterConfig {
+            nodes,
+            gpus_per_node: gpus,
+            nics_per_node: 2,
+            channels,
+            geometry: FifoGeometry::NCCL,
+            ..ClusterConfig::default()
+        };
+        let n = nodes * gpus;
+        let (_, flow) = run(
+            ClusterConfig {
+                payload: false,
+                ..base.clone()
+            },
+            call,
+        );
+        let mut c = Cluster::new(ClusterConfig {
+            payload: true,
+            ..base
+        })
+        .unwrap();
+        let mut bufs: Vec<RankBuffers> =
+            (0..n).map(|r| RankBuffers::zeroed(&call, n, r, false)).collect();
+        let packets = c.run(&vec![call; n as usize], &mut bufs, false).unwrap();
+        assert!(packets.ok());
+        let (a, b) = (flow.duration(), packets.duration());
+        eprintln!(
+            "{collective} {} MiB on {nodes}x{gpus}: flow {:.2} us, packets {:.2} us ({} packets)",
+            bytes >> 20,
+            a * 1e6,
+            b * 1e6,
+            c.stats().packets
+        );
+        assert!(close(b, a, 0.01), "{b} vs {a}");
+        assert!(c.stats().packets > 1000);
+    }
+}
+
+/// Empty and one-rank collectives still run (every connection carries the
+/// call header), and take little time.
+#[test]
+fn degenerate_sizes() {
+    for (nodes, gpus) in [(1, 1), (2, 2)] {
+        for count in [0, 1, 7] {
+            let call = Call::new(Collective::AllReduce, count, DataType::F64, ReduceOp::Max);
+            let (_, r) = run(timing(nodes, gpus, 1, 3), call);
+            assert!(r.duration() < 1e-3);
+        }
+    }
+}
+
+/// Same configuration, same event log; the clock runs on across runs.
+#[test]
+fn timing_runs_are_deterministic_and_sequential() {
+    let call = f32_call(Collective::AllReduce, 64 << 20);
+    let go = || {
+        let mut c = Cluster::new(timing(4, 4, 2, 4)).unwrap();
+        let mut ends = Vec::new();
+        for _ in 0..3 {
+            let r = c.run(&vec![call; 16], &mut [], false).unwrap();
+            assert!(r.ok());
+            ends.push((r.start, r.end));
+        }
+        (c.stats().event_hash, c.stats().events, ends)
+    };
+    let (h1, e1, ends) = go();
+    let (h2, e2, _) = go();
+    assert_eq!((h1, e1), (h2, e2));
+    assert!(ends[0].1 <= ends[1].0 && ends[1].1 <= ends[2].0);
+    // Warm runs take the same time as the first.
+    let d: Vec<f64> = ends.iter().map(|(s, e)| e - s).collect();
+    assert!(close(d[1], d[2], 1e-9) && close(d[0], d[1], 0.01), "{d:?}");
+}
