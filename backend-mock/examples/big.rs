@@ -9,7 +9,10 @@ use ringcc_core::{Collective, DataType, ReduceOp};
 use ringcc_mock::{Call, Cluster, ClusterConfig};
 
 fn main() {
-    let a: Vec<u64> = std::env::args().skip(1).filter_map(|s| s.parse().ok()).collect();
+    let a: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|s| s.parse().ok())
+        .collect();
     let get = |i: usize, d: u64| a.get(i).copied().unwrap_or(d);
     let cfg = ClusterConfig {
         nodes: get(0, 128) as u32,
@@ -23,7 +26,12 @@ fn main() {
     let mut c = Cluster::new(cfg).unwrap();
     let built = t0.elapsed();
     let n = c.ranks();
-    let call = Call::new(Collective::AllReduce, bytes / 4, DataType::F32, ReduceOp::Sum);
+    let call = Call::new(
+        Collective::AllReduce,
+        bytes / 4,
+        DataType::F32,
+        ReduceOp::Sum,
+    );
     let t1 = Instant::now();
     let r = c.run(&vec![call; n as usize], &mut [], false).unwrap();
     let wall = t1.elapsed().as_secs_f64();

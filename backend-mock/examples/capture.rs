@@ -39,8 +39,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut c = Cluster::new(cfg)?;
     let n = c.ranks();
-    let call = Call::new(Collective::AllReduce, 64 << 10, DataType::F32, ReduceOp::Sum);
-    let mut bufs: Vec<RankBuffers> = (0..n).map(|r| RankBuffers::zeroed(&call, n, r, false)).collect();
+    let call = Call::new(
+        Collective::AllReduce,
+        64 << 10,
+        DataType::F32,
+        ReduceOp::Sum,
+    );
+    let mut bufs: Vec<RankBuffers> = (0..n)
+        .map(|r| RankBuffers::zeroed(&call, n, r, false))
+        .collect();
     let r = c.run(&vec![call; n as usize], &mut bufs, false)?;
     println!(
         "ok {}: {:.1} us simulated, {} packets, {} retransmitted",
@@ -51,6 +58,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     c.write_chrome_trace(File::create(&trace)?)?;
     c.write_pcap(File::create(&pcap)?)?;
-    println!("wrote {trace} ({} spans) and {pcap} ({} frames)", c.trace_len(), c.captured_frames());
+    println!(
+        "wrote {trace} ({} spans) and {pcap} ({} frames)",
+        c.trace_len(),
+        c.captured_frames()
+    );
     Ok(())
 }

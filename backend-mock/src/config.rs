@@ -199,13 +199,20 @@ impl ClusterConfig {
         PathMtu::ALL
             .into_iter()
             .find(|m| m.bytes() == self.mtu)
-            .ok_or_else(|| bad(format!("MTU {} is not 256, 512, 1024, 2048 or 4096", self.mtu)))
+            .ok_or_else(|| {
+                bad(format!(
+                    "MTU {} is not 256, 512, 1024, 2048 or 4096",
+                    self.mtu
+                ))
+            })
     }
 
     /// Checks everything that does not need the topology.
     pub fn validate(&self) -> Result<(), Error> {
         if self.nodes == 0 || self.gpus_per_node == 0 {
-            return Err(bad("a cluster needs at least one node and one GPU per node"));
+            return Err(bad(
+                "a cluster needs at least one node and one GPU per node",
+            ));
         }
         if self.ranks() > MAX_RANKS as u64 {
             return Err(bad(format!(
@@ -219,7 +226,7 @@ impl ClusterConfig {
         if self.channels == 0 || self.channels > ringcc_core::topology::MAX_CHANNELS {
             return Err(bad(format!("{} channels: must be 1..=64", self.channels)));
         }
-        if self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0 {
+        if self.chunk_bytes == 0 || !self.chunk_bytes.is_multiple_of(16) {
             return Err(bad(format!(
                 "chunk of {} B: must be a non-zero multiple of 16 B",
                 self.chunk_bytes

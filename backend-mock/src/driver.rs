@@ -18,8 +18,8 @@ use ringcc_core::wire::{
 };
 
 use crate::error::Error;
-use crate::faults::{ConnId, Rng};
 use crate::fabric::Hop;
+use crate::faults::{ConnId, Rng};
 use crate::memory::Memory;
 use crate::rnic::qp::QpError;
 use crate::rnic::{Qp, Role, QPN_BASE};
@@ -83,7 +83,9 @@ impl Sim {
                 m.staging = self.mem.alloc(t.rank, fifo);
                 m.staging_key = self.mem.register(t.rank, m.staging, fifo, false, &mut rng);
                 m.counter = self.mem.alloc(t.rank, CREDIT_LEN);
-                m.counter_key = self.mem.register(t.rank, m.counter, CREDIT_LEN, true, &mut rng);
+                m.counter_key = self
+                    .mem
+                    .register(t.rank, m.counter, CREDIT_LEN, true, &mut rng);
             }
         }
         let mtu = self.cfg.path_mtu()?;
@@ -103,12 +105,12 @@ impl Sim {
             let mut qpa = Qp::new(qa, t.rank, tx, l, Role::Sender);
             let mut qpb = Qp::new(qb, t.next, rx, succ, Role::Receiver);
             let (pa, pb) = (first_psn(&mut rng), first_psn(&mut rng));
-            qpa.to_init(sq, rq).map_err(setup_err)?;
-            qpb.to_init(sq, rq).map_err(setup_err)?;
-            qpa.to_rtr(b, rx, qb, mtu, pb).map_err(setup_err)?;
-            qpb.to_rtr(a, tx, qa, mtu, pa).map_err(setup_err)?;
-            qpa.to_rts(pa).map_err(setup_err)?;
-            qpb.to_rts(pb).map_err(setup_err)?;
+            qpa.modify_init(sq, rq).map_err(setup_err)?;
+            qpb.modify_init(sq, rq).map_err(setup_err)?;
+            qpa.modify_rtr(b, rx, qb, mtu, pb).map_err(setup_err)?;
+            qpb.modify_rtr(a, tx, qa, mtu, pa).map_err(setup_err)?;
+            qpa.modify_rts(pa).map_err(setup_err)?;
+            qpb.modify_rts(pb).map_err(setup_err)?;
             for i in 0..u64::from(rq) {
                 qpa.post_recv(i).map_err(setup_err)?;
                 qpb.post_recv(i).map_err(setup_err)?;
@@ -189,14 +191,13 @@ impl Sim {
             addr: Memory::va(t.prev, pm.counter),
             rkey: Rkey(pm.counter_key),
         };
-        let mut wr = credit_write::<1>(head, &counter, (head << 1) | 1).map_err(|source| {
-            Error::Wire {
+        let mut wr =
+            credit_write::<1>(head, &counter, (head << 1) | 1).map_err(|source| Error::Wire {
                 rank: t.rank,
                 channel: t.channel,
                 call: "credit_write",
                 source,
-            }
-        })?;
+            })?;
         // An immediate wakes the sender; signaled so the send queue drains.
         wr.opcode = WrOpcode::RdmaWriteWithImm;
         wr.imm = head as u32;

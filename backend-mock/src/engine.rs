@@ -56,8 +56,9 @@ pub(crate) enum Ev {
     Death { rank: u32 },
     /// Check every lane's deadline (run `epoch`).
     Watchdog { epoch: u32 },
-    /// The RNIC processes the doorbell of a queue pair.
-    Doorbell { qp: u32 },
+    /// The RNIC processes a doorbell of a queue pair: it fetches the WQEs
+    /// posted before the doorbell rang (producer index `upto`).
+    Doorbell { qp: u32, upto: u32 },
     /// A NIC port may put its next packet on the wire.
     PortTx { port: u32 },
     /// A frame arrives at its destination port.
@@ -83,7 +84,7 @@ impl Ev {
             Ev::Abort { rank, origin } => (5, u64::from(rank), u64::from(origin)),
             Ev::Death { rank } => (6, u64::from(rank), 0),
             Ev::Watchdog { epoch } => (7, u64::from(epoch), 0),
-            Ev::Doorbell { qp } => (8, u64::from(qp), 0),
+            Ev::Doorbell { qp, upto } => (8, u64::from(qp), u64::from(upto)),
             Ev::PortTx { port } => (9, u64::from(port), 0),
             Ev::Packet { frame } => (10, u64::from(frame), 0),
             Ev::QpTimer { qp, rnr } => (11, u64::from(qp), u64::from(rnr)),
@@ -232,7 +233,8 @@ impl Calendar {
         let s = (self.cur as usize) & (RING - 1);
         std::mem::swap(&mut self.current, &mut self.ring[s]);
         self.bits[s / 64] &= !(1 << (s % 64));
-        self.current.sort_unstable_by(|a, b| b.key.cmp(&a.key));
+        self.current
+            .sort_unstable_by_key(|e| std::cmp::Reverse(e.key));
         self.current.pop()
     }
 }
@@ -295,6 +297,13 @@ impl Engine {
         h = fnv_word(h, a);
         self.hash = fnv_word(h, b);
         Some(e.ev)
+    }
+
+    /// The event after the one just popped, when it is already known
+    /// (same calendar bucket): a hint for prefetching.
+    #[inline]
+    pub fn peek(&self) -> Option<Ev> {
+        self.heap.current.last().map(|e| e.ev)
     }
 
     /// Events processed so far.

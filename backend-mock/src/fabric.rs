@@ -300,7 +300,11 @@ mod tests {
 
     #[test]
     fn reserve_serializes() {
-        let mut l = LinkRes::new("x".into(), LinkKind::NicTx { node: 0, nic: 0 }, &LinkModel::NIC_400G);
+        let mut l = LinkRes::new(
+            "x".into(),
+            LinkKind::NicTx { node: 0, nic: 0 },
+            &LinkModel::NIC_400G,
+        );
         assert_eq!(l.reserve(0, 50_000), (0, 1_000_000));
         assert_eq!(l.reserve(10, 50_000), (1_000_000, 2_000_000));
         assert_eq!(l.reserve(5_000_000, 0), (5_000_000, 5_000_000));

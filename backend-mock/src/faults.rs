@@ -109,7 +109,10 @@ impl Faults {
                 return Err(bad(format!("{name} probability {p} must be in 0..=0.5")));
             }
         }
-        for (name, s) in [("reorder delay", self.reorder_delay), ("jitter", self.jitter)] {
+        for (name, s) in [
+            ("reorder delay", self.reorder_delay),
+            ("jitter", self.jitter),
+        ] {
             if !(s.is_finite() && s >= 0.0) {
                 return Err(bad(format!("{name} must be non-negative and finite")));
             }

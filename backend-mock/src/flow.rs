@@ -16,8 +16,8 @@
 //! timeouts, as the packet model's would.
 
 use ringcc_core::prim::Exec;
-use ringcc_core::wire::post::CREDIT_LEN;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
+use ringcc_core::wire::post::CREDIT_LEN;
 use ringcc_core::wire::WcStatus;
 
 use crate::engine::{ps, xfer_ps, Ev, Ps, NONE};
@@ -152,7 +152,11 @@ impl Sim {
             Error::Completion {
                 rank: t.rank,
                 channel: t.channel,
-                request: if credit { "credit return" } else { "data write" },
+                request: if credit {
+                    "credit return"
+                } else {
+                    "data write"
+                },
                 status: WcStatus::RetryExcErr,
                 qpn: 0,
             },

@@ -335,7 +335,11 @@ impl Sim {
             self.fail_lane(l, err);
             return;
         }
-        self.drive(l);
+        // A machine with a slice outstanding does nothing before it is
+        // done (and its `ExecDone` polls it).
+        if m.pending().is_none() {
+            self.drive(l);
+        }
     }
 
     /// The successor's `head` arrived.

@@ -135,7 +135,10 @@ impl RankBuffers {
     /// Where the call wrote this rank's result.
     pub fn output(&self, call: &Call, ranks: u32, rank: u32, in_place: bool) -> &[u8] {
         let l = BufLayout::new(call, ranks, rank, in_place);
-        let end = l.output_at.saturating_add(l.output_len).min(self.output.len());
+        let end = l
+            .output_at
+            .saturating_add(l.output_len)
+            .min(self.output.len());
         self.output.get(l.output_at.min(end)..end).unwrap_or(&[])
     }
 }

@@ -8,8 +8,7 @@ mod common;
 use ringcc_core::wire::WcStatus;
 use ringcc_core::{Collective, DataType, Rank, ReduceOp};
 use ringcc_mock::{
-    Call, Cluster, ClusterConfig, Component, ConnId, Error, Failure, Faults, RankBuffers,
-    RunReport,
+    Call, Cluster, ClusterConfig, Component, ConnId, Error, Failure, Faults, RankBuffers, RunReport,
 };
 
 fn lossy(loss: f64, seed: u64) -> ClusterConfig {
@@ -74,7 +73,12 @@ fn assert_all_failed(r: &RunReport) {
 #[test]
 fn dead_rank_fails_every_rank_in_bounded_time() {
     let mut seen_retry = false;
-    for (payload, victim, timeout) in [(true, 1u32, 6u8), (true, 2, 4), (false, 1, 6), (false, 2, 4)] {
+    for (payload, victim, timeout) in [
+        (true, 1u32, 6u8),
+        (true, 2, 4),
+        (false, 1, 6),
+        (false, 2, 4),
+    ] {
         {
             let at = 30e-6;
             let deadline = 2e-3;
@@ -92,7 +96,10 @@ fn dead_rank_fails_every_rank_in_bounded_time() {
             let call = Call::new(Collective::AllReduce, 200_000, DataType::F32, ReduceOp::Sum);
             let r = run_all(&mut c, call, payload);
             assert_all_failed(&r);
-            assert!(matches!(r.ranks[victim as usize], Err(Error::RankDied { .. })));
+            assert!(matches!(
+                r.ranks[victim as usize],
+                Err(Error::RankDied { .. })
+            ));
             // Ranks keep working on what they already hold (at most a FIFO
             // of slices, tens of microseconds here) before they wait; then
             // the deadline, then the abort's flight.
@@ -107,14 +114,16 @@ fn dead_rank_fails_every_rank_in_bounded_time() {
                     assert!(
                         matches!(
                             e,
-                            Error::Aborted { .. } | Error::Timeout { .. } | Error::Completion { .. }
+                            Error::Aborted { .. }
+                                | Error::Timeout { .. }
+                                | Error::Completion { .. }
                         ),
                         "{e:?}"
                     );
                 }
             }
             let mut bufs = common::buffers(&call, c.ranks(), false, 1);
-            let again = c.run(&vec![call; 4], &mut bufs, false);
+            let again = c.run(&[call; 4], &mut bufs, false);
             assert!(matches!(again, Err(Error::CommAborted { .. })), "{again:?}");
         }
     }
@@ -216,7 +225,10 @@ fn bad_rkey_is_remote_access_error() {
         other => panic!("{other:?}"),
     }
     for res in &r.ranks {
-        assert_eq!(res.as_ref().unwrap_err().wc_status(), Some(WcStatus::RemAccessErr));
+        assert_eq!(
+            res.as_ref().unwrap_err().wc_status(),
+            Some(WcStatus::RemAccessErr)
+        );
     }
     // The key of an NVLink hop cannot be corrupted: refused.
     let mut cfg = common::small(2, 2, 2, 2);
@@ -234,10 +246,23 @@ fn bad_rkey_is_remote_access_error() {
 fn mismatched_calls_fail_everywhere() {
     let base = Call::new(Collective::AllReduce, 3000, DataType::I32, ReduceOp::Sum);
     let odd_ones = [
-        Call { count: 3016, ..base },
-        Call { dtype: DataType::F32, ..base },
-        Call { op: ReduceOp::Max, ..base },
-        Call { collective: Collective::ReduceScatter, count: 750, ..base },
+        Call {
+            count: 3016,
+            ..base
+        },
+        Call {
+            dtype: DataType::F32,
+            ..base
+        },
+        Call {
+            op: ReduceOp::Max,
+            ..base
+        },
+        Call {
+            collective: Collective::ReduceScatter,
+            count: 750,
+            ..base
+        },
     ];
     for payload in [true, false] {
         for (i, odd) in odd_ones.iter().enumerate() {
@@ -259,21 +284,37 @@ fn mismatched_calls_fail_everywhere() {
             };
             let r = c.run(&calls, &mut bufs, false).unwrap();
             assert_all_failed(&r);
-            let succ = c.ring(0)[((c.ring(0).iter().position(|&x| x == who).unwrap()) + 1) % n as usize];
+            let succ =
+                c.ring(0)[((c.ring(0).iter().position(|&x| x == who).unwrap()) + 1) % n as usize];
             for saw in [who, succ] {
                 let e = r.ranks[saw as usize].as_ref().unwrap_err();
-                assert!(e.is_mismatched_call(), "payload {payload} case {i} rank {saw}: {e}");
+                assert!(
+                    e.is_mismatched_call(),
+                    "payload {payload} case {i} rank {saw}: {e}"
+                );
             }
         }
     }
     // A different root.
     let mut c = Cluster::new(common::small(1, 3, 1, 1)).unwrap();
-    let b = |root| Call::new(Collective::Broadcast { root: Rank(root) }, 100, DataType::U8, ReduceOp::Sum);
+    let b = |root| {
+        Call::new(
+            Collective::Broadcast { root: Rank(root) },
+            100,
+            DataType::U8,
+            ReduceOp::Sum,
+        )
+    };
     let calls = [b(0), b(0), b(1)];
-    let mut bufs: Vec<RankBuffers> = (0..3).map(|r| RankBuffers::zeroed(&calls[r], 3, r as u32, false)).collect();
+    let mut bufs: Vec<RankBuffers> = (0..3)
+        .map(|r| RankBuffers::zeroed(&calls[r], 3, r as u32, false))
+        .collect();
     let r = c.run(&calls, &mut bufs, false).unwrap();
     assert_all_failed(&r);
-    assert!(r.ranks.iter().any(|x| x.as_ref().unwrap_err().is_mismatched_call()));
+    assert!(r
+        .ranks
+        .iter()
+        .any(|x| x.as_ref().unwrap_err().is_mismatched_call()));
 }
 
 /// A livelock bound: too few events for the run fails every rank.
@@ -285,7 +326,10 @@ fn event_limit() {
     let call = Call::new(Collective::AllReduce, 10_000, DataType::F32, ReduceOp::Sum);
     let r = run_all(&mut c, call, true);
     assert_all_failed(&r);
-    assert!(r.ranks.iter().any(|x| matches!(x, Err(Error::EventLimit { .. }))));
+    assert!(r
+        .ranks
+        .iter()
+        .any(|x| matches!(x, Err(Error::EventLimit { .. }))));
 }
 
 /// Bad calls are refused before anything runs; the cluster stays usable.
@@ -293,8 +337,16 @@ fn event_limit() {
 fn invalid_calls_are_refused() {
     let mut c = Cluster::new(common::small(1, 2, 1, 1)).unwrap();
     let call = Call::new(Collective::AllReduce, 10, DataType::F32, ReduceOp::Sum);
-    assert!(matches!(c.run(&[call], &mut [], false), Err(Error::CallCount { .. })));
-    let bad_root = Call::new(Collective::Broadcast { root: Rank(5) }, 10, DataType::F32, ReduceOp::Sum);
+    assert!(matches!(
+        c.run(&[call], &mut [], false),
+        Err(Error::CallCount { .. })
+    ));
+    let bad_root = Call::new(
+        Collective::Broadcast { root: Rank(5) },
+        10,
+        DataType::F32,
+        ReduceOp::Sum,
+    );
     assert!(matches!(
         c.run(&[bad_root; 2], &mut [], false),
         Err(Error::InvalidCall { rank: 0, .. })

@@ -64,7 +64,13 @@ fn chrome_trace_has_a_track_per_rank_channel_and_link() {
         assert_eq!(tracks.len(), 8, "4 ranks x 2 channels");
         // AllReduce uses send, recvReduceSend, recvReduceCopySend,
         // recvCopySend, recv.
-        for p in ["send", "recvReduceSend", "recvReduceCopySend", "recvCopySend", "recv"] {
+        for p in [
+            "send",
+            "recvReduceSend",
+            "recvReduceCopySend",
+            "recvCopySend",
+            "recv",
+        ] {
             assert!(names.contains(p), "{p} missing");
         }
         // NVLinks 0->1 and 2->3, NIC ports of both nodes.
@@ -78,7 +84,11 @@ fn chrome_trace_has_a_track_per_rank_channel_and_link() {
             .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
             .filter_map(|e| e["args"]["name"].as_str())
             .collect();
-        assert!(meta.contains(&"channel 1") && meta.contains(&"nvlink 0->1") && meta.contains(&"nic 1.0 tx"));
+        assert!(
+            meta.contains(&"channel 1")
+                && meta.contains(&"nvlink 0->1")
+                && meta.contains(&"nic 1.0 tx")
+        );
     }
 }
 
@@ -138,7 +148,11 @@ fn pcap_holds_valid_rocev2_frames() {
         }
     }
     assert!(acks > 0 && data > 0);
-    assert_eq!(repeats, c.stats().retransmissions, "every retransmission is on the wire");
+    assert_eq!(
+        repeats,
+        c.stats().retransmissions,
+        "every retransmission is on the wire"
+    );
     assert!(repeats > 0);
 }
 

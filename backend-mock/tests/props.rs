@@ -20,8 +20,14 @@ struct Case {
 }
 
 fn faults() -> impl Strategy<Value = Faults> {
-    (0.0..0.1f64, 0.0..0.05f64, 0.0..0.05f64, 0.0..2e-6f64, any::<u64>()).prop_map(
-        |(loss, duplicate, reorder, jitter, seed)| Faults {
+    (
+        0.0..0.1f64,
+        0.0..0.05f64,
+        0.0..0.05f64,
+        0.0..2e-6f64,
+        any::<u64>(),
+    )
+        .prop_map(|(loss, duplicate, reorder, jitter, seed)| Faults {
             seed,
             loss,
             duplicate,
@@ -29,8 +35,7 @@ fn faults() -> impl Strategy<Value = Faults> {
             jitter,
             reorder_delay: 3e-6,
             ..Faults::default()
-        },
-    )
+        })
 }
 
 fn case(with_faults: bool) -> impl Strategy<Value = Case> {
@@ -39,9 +44,13 @@ fn case(with_faults: bool) -> impl Strategy<Value = Case> {
         (0..5u8, 0..9u32),
         prop::sample::select(DataType::ALL.to_vec()),
         prop::sample::select(ReduceOp::ALL.to_vec()),
-        prop_oneof![3 => 0..200u64, 1 => 200..1500u64],
+        prop_oneof![3 => 0..200u64, 2 => 200..2000u64, 1 => 2000..20_000u64],
         (1..=12u64, 1..=8u64, prop::sample::select(vec![1u64, 2, 4])),
-        (prop::sample::select(vec![256u32, 512, 1024]), any::<bool>(), any::<u64>()),
+        (
+            prop::sample::select(vec![256u32, 512, 1024]),
+            any::<bool>(),
+            any::<u64>(),
+        ),
         faults(),
     )
         .prop_map(
@@ -89,7 +98,7 @@ fn case(with_faults: bool) -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
     #[test]
     fn exact_results_lossless(c in case(false)) {
@@ -105,7 +114,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
     /// Same configuration, same seeds: the same event log, bit for bit;
     /// another fault seed: the same results (and another log).
@@ -138,9 +147,16 @@ fn sequences_of_collectives_under_loss() {
     let n = c.ranks();
     let mut last = c.now();
     for (i, k) in [0u8, 1, 2, 3, 4, 0, 0].into_iter().enumerate() {
-        let call = Call::new(common::collective(k, i as u32 % n), 300 + i as u64 * 7, DataType::I32, ReduceOp::Sum);
+        let call = Call::new(
+            common::collective(k, i as u32 % n),
+            300 + i as u64 * 7,
+            DataType::I32,
+            ReduceOp::Sum,
+        );
         let mut bufs = common::buffers(&call, n, i % 2 == 1, i as u64);
-        let r = c.run(&vec![call; n as usize], &mut bufs, i % 2 == 1).unwrap();
+        let r = c
+            .run(&vec![call; n as usize], &mut bufs, i % 2 == 1)
+            .unwrap();
         assert!(r.ok(), "{:?}", r.first_error());
         common::check(&call, n, &bufs, i % 2 == 1, i as u64);
         assert!(r.start >= last && r.end > r.start);

@@ -2,8 +2,7 @@
 //! parsed with `ringcc_core::wire::roce`, and their sizes.
 
 use ringcc_core::wire::roce::{
-    AethRepr, BthRepr, EthernetRepr, ImmDtRepr, Ipv4Repr, Opcode, RocePacketRepr, Syndrome,
-    UdpRepr,
+    AethRepr, BthRepr, EthernetRepr, ImmDtRepr, Ipv4Repr, Opcode, RocePacketRepr, Syndrome, UdpRepr,
 };
 use ringcc_core::wire::segment::PacketDesc;
 use ringcc_core::wire::{Error, Psn, Qpn};
@@ -141,8 +140,7 @@ mod tests {
                         addr: 0x1000,
                         rkey: Rkey(5),
                     };
-                    let seg = Segmenter::write(remote, len, mtu, Psn::new(0xff_fff0), imm)
-                        .unwrap();
+                    let seg = Segmenter::write(remote, len, mtu, Psn::new(0xff_fff0), imm).unwrap();
                     let data = vec![0xabu8; len as usize];
                     let mut total = 0u64;
                     for d in seg {

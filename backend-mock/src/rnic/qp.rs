@@ -102,7 +102,6 @@ pub(crate) struct Qp {
     pub retired: u32,
     /// WQE index in 64-byte basic blocks (the control segment's field).
     bb_index: u16,
-    pub db_pending: bool,
     // Requester.
     pub msgs: VecDeque<Msg>,
     /// PSN of the next message's first packet.
@@ -148,7 +147,6 @@ impl Qp {
             fetched: 0,
             retired: 0,
             bb_index: 0,
-            db_pending: false,
             msgs: VecDeque::new(),
             next_psn: Psn::new(0),
             una: Psn::new(0),
@@ -167,7 +165,7 @@ impl Qp {
     }
 
     /// RESET → INIT: queue sizes.
-    pub fn to_init(&mut self, sq_depth: u32, rq_depth: u32) -> Result<(), QpError> {
+    pub fn modify_init(&mut self, sq_depth: u32, rq_depth: u32) -> Result<(), QpError> {
         if self.state != QpState::Reset {
             return Err(QpError::BadTransition);
         }
@@ -182,7 +180,7 @@ impl Qp {
 
     /// INIT → RTR: the remote queue pair, the path MTU and the first PSN
     /// expected from it.
-    pub fn to_rtr(
+    pub fn modify_rtr(
         &mut self,
         peer: u32,
         peer_port: u32,
@@ -203,7 +201,7 @@ impl Qp {
     }
 
     /// RTR → RTS: the first PSN to send.
-    pub fn to_rts(&mut self, sq_psn: Psn) -> Result<(), QpError> {
+    pub fn modify_rts(&mut self, sq_psn: Psn) -> Result<(), QpError> {
         if self.state != QpState::Rtr {
             return Err(QpError::BadTransition);
         }
@@ -229,8 +227,7 @@ impl Qp {
         if self.in_flight() >= self.sq_depth {
             return Err(QpError::SqFull);
         }
-        let repr =
-            WqeRepr::from_request(wr, self.qpn, self.bb_index).map_err(QpError::Format)?;
+        let repr = WqeRepr::from_request(wr, self.qpn, self.bb_index).map_err(QpError::Format)?;
         let len = repr.buffer_len().map_err(QpError::Format)?;
         let i = (self.pi % self.sq_depth) as usize;
         let slot = &mut self.sq[i];
@@ -305,13 +302,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(q.post_send(&wr), Err(QpError::NotReady));
-        assert_eq!(q.to_rts(Psn::new(1)), Err(QpError::BadTransition));
-        q.to_init(8, 8).unwrap();
-        assert_eq!(q.to_init(8, 8), Err(QpError::BadTransition));
-        q.to_rtr(1, 1, Qpn::new(0x101), PathMtu::Mtu1024, Psn::new(5))
+        assert_eq!(q.modify_rts(Psn::new(1)), Err(QpError::BadTransition));
+        q.modify_init(8, 8).unwrap();
+        assert_eq!(q.modify_init(8, 8), Err(QpError::BadTransition));
+        q.modify_rtr(1, 1, Qpn::new(0x101), PathMtu::Mtu1024, Psn::new(5))
             .unwrap();
         assert_eq!(q.post_send(&wr), Err(QpError::NotReady));
-        q.to_rts(Psn::new(0xff_fffe)).unwrap();
+        q.modify_rts(Psn::new(0xff_fffe)).unwrap();
         for _ in 0..8 {
             q.post_send(&wr).unwrap();
         }

@@ -30,14 +30,12 @@ fn fetch_status(e: ringcc_core::wire::Error) -> WcStatus {
 }
 
 impl Sim {
-    /// Rings `qp`'s doorbell: the NIC fetches its new WQEs after the
-    /// doorbell latency.
+    /// Rings `qp`'s doorbell: after the doorbell latency the NIC fetches
+    /// the WQEs posted so far (every WQE takes the same latency, as the
+    /// flow model assumes).
     pub(crate) fn ring_doorbell(&mut self, qp: u32) {
-        let q = &mut self.nic.qps[qp as usize];
-        if !q.db_pending {
-            q.db_pending = true;
-            self.eng.after(self.doorbell, Ev::Doorbell { qp });
-        }
+        let upto = self.nic.qps[qp as usize].pi;
+        self.eng.after(self.doorbell, Ev::Doorbell { qp, upto });
     }
 
     fn complete(&mut self, qp: u32, wr_id: u64, status: WcStatus, op: WrOpcode, len: u32) {
@@ -56,14 +54,17 @@ impl Sim {
 
     /// The NIC fetches and parses `qp`'s new WQEs, DMA-reads their data
     /// and cuts them into packets.
-    pub(crate) fn on_doorbell(&mut self, qp: u32) {
+    pub(crate) fn on_doorbell(&mut self, qp: u32, upto: u32) {
         let now = self.eng.now();
-        let q = &mut self.nic.qps[qp as usize];
-        q.db_pending = false;
+        let q = &self.nic.qps[qp as usize];
         if self.faults.rank_dead(q.rank, now) {
             return;
         }
-        while self.nic.qps[qp as usize].fetched != self.nic.qps[qp as usize].pi {
+        // Up to `upto`, unless a failure already flushed further.
+        while {
+            let q = &self.nic.qps[qp as usize];
+            q.fetched != upto && upto.wrapping_sub(q.fetched) <= q.sq_depth
+        } {
             let q = &mut self.nic.qps[qp as usize];
             let (bytes, wr_id) = q.sq_entry(q.fetched);
             let parsed = Wqe::new_checked(bytes)
@@ -90,9 +91,13 @@ impl Sim {
                     let mut data = Vec::with_capacity(wr.len() as usize);
                     let mut r = Ok(());
                     for s in sgl {
-                        match self.mem.check(rank, s.lkey.get(), s.addr, u64::from(s.length), false)
+                        match self
+                            .mem
+                            .check(rank, s.lkey.get(), s.addr, u64::from(s.length), false)
                         {
-                            Ok(off) => data.extend_from_slice(self.mem.read(rank, off, s.length as usize)),
+                            Ok(off) => {
+                                data.extend_from_slice(self.mem.read(rank, off, s.length as usize))
+                            }
                             Err(_) => {
                                 r = Err(WcStatus::LocProtErr);
                                 break;
@@ -182,21 +187,25 @@ impl Sim {
                 continue;
             };
             let m = &q.msgs[mi];
-            let frame = m.seg.packet(i).ok_or(ringcc_core::wire::Error::Malformed).and_then(|d| {
-                let payload = m
-                    .data
-                    .get(d.offset as usize..(d.offset + d.len) as usize)
-                    .unwrap_or(&[]);
-                let ports = &self.nic.ports;
-                data_frame(
-                    &ports[q.port as usize],
-                    &ports[q.peer_port as usize],
-                    q.qpn,
-                    q.dest_qpn,
-                    &d,
-                    payload,
-                )
-            });
+            let frame = m
+                .seg
+                .packet(i)
+                .ok_or(ringcc_core::wire::Error::Malformed)
+                .and_then(|d| {
+                    let payload = m
+                        .data
+                        .get(d.offset as usize..(d.offset + d.len) as usize)
+                        .unwrap_or(&[]);
+                    let ports = &self.nic.ports;
+                    data_frame(
+                        &ports[q.port as usize],
+                        &ports[q.peer_port as usize],
+                        q.qpn,
+                        q.dest_qpn,
+                        &d,
+                        payload,
+                    )
+                });
             let (to, peer_rank) = (q.peer_port, self.nic.qps[q.peer as usize].rank);
             let channel = self.fab.lanes[q.lane as usize].channel;
             let q = &mut self.nic.qps[qp as usize];
@@ -216,8 +225,13 @@ impl Sim {
             if fresh && i == 0 {
                 m.tx_start = now;
             }
-            let trace = (fresh && i + 1 == m.packets)
-                .then(|| (m.tx_start, m.data.len() as u64, q.rank, peer_rank, channel));
+            let trace = (fresh && i + 1 == m.packets).then_some((
+                m.tx_start,
+                m.data.len() as u64,
+                q.rank,
+                peer_rank,
+                channel,
+            ));
             match frame {
                 Ok(f) => return Some((f, to, qp, trace)),
                 // Cannot happen for packets the segmenter describes; the

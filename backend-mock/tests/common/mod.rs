@@ -46,13 +46,22 @@ pub fn buffers(call: &Call, ranks: u32, in_place: bool, salt: u64) -> Vec<RankBu
 
 /// Checks every rank's output against the reference; returns the
 /// outputs.
-pub fn check(call: &Call, ranks: u32, bufs: &[RankBuffers], in_place: bool, salt: u64) -> Vec<Vec<u8>> {
+pub fn check(
+    call: &Call,
+    ranks: u32,
+    bufs: &[RankBuffers],
+    in_place: bool,
+    salt: u64,
+) -> Vec<Vec<u8>> {
     let plan = ref_plan(call, ranks);
     (0..ranks)
         .map(|r| {
             let got = bufs[r as usize].output(call, ranks, r, in_place).to_vec();
             if let Some(want) = expected(&plan, call.op, r, salt) {
-                assert!(got == want, "rank {r}: output differs from the reference ({call:?}, in place {in_place})");
+                assert!(
+                    got == want,
+                    "rank {r}: output differs from the reference ({call:?}, in place {in_place})"
+                );
             }
             got
         })
@@ -60,7 +69,12 @@ pub fn check(call: &Call, ranks: u32, bufs: &[RankBuffers], in_place: bool, salt
 }
 
 /// Runs `call` on every rank of a new cluster and checks the results.
-pub fn run_checked(cfg: ClusterConfig, call: Call, in_place: bool, salt: u64) -> (Cluster, RunReport, Vec<Vec<u8>>) {
+pub fn run_checked(
+    cfg: ClusterConfig,
+    call: Call,
+    in_place: bool,
+    salt: u64,
+) -> (Cluster, RunReport, Vec<Vec<u8>>) {
     let mut c = Cluster::new(cfg).unwrap();
     let n = c.ranks();
     let mut bufs = buffers(&call, n, in_place, salt);
