@@ -71,6 +71,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod abort;
+mod calendar;
 mod config;
 mod driver;
 mod engine;

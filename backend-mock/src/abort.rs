@@ -1,0 +1,155 @@
+//! Failures and their propagation: a lane fails, its rank stops and
+//! broadcasts an abort over the control network; every rank that receives
+//! it fails; a rank dies; the watchdog enforces every lane's deadline.
+
+use crate::engine::{secs, Ev, Ps};
+use crate::error::Error;
+use crate::lane::LaneState;
+use crate::sim::{RankState, Sim};
+
+impl Sim {
+    pub(crate) fn aborted_error(&self, rank: u32, origin: u32) -> Error {
+        let cause = match &self.ranks[origin as usize] {
+            RankState { error: Some(e), .. } => e.clone(),
+            RankState { died: Some(t), .. } => Error::RankDied {
+                rank: origin,
+                at: secs(*t),
+            },
+            _ => Error::Config {
+                what: "unknown cause".into(),
+            },
+        };
+        Error::Aborted {
+            rank,
+            origin,
+            cause: Box::new(cause),
+        }
+    }
+
+    /// Lane `l` fails with `err`; a first failure of its rank stops the
+    /// rank and aborts the others.
+    pub(crate) fn fail_lane(&mut self, l: u32, err: Error) {
+        let lane = &mut self.lanes[l as usize];
+        if lane.state != LaneState::Running {
+            return;
+        }
+        lane.state = LaneState::Failed;
+        self.run.finished += 1;
+        let rank = self.fab.lanes[l as usize].rank;
+        let primary = !matches!(err, Error::Aborted { .. });
+        if primary {
+            tracing::debug!(%err, "lane failed");
+        }
+        let rs = &mut self.ranks[rank as usize];
+        if rs.error.is_none() {
+            rs.error = Some(err);
+        }
+        if primary && !rs.abort_sent {
+            rs.abort_sent = true;
+            let cause = Box::new(rs.error.clone().unwrap_or_else(|| Error::Config {
+                what: "unknown cause".into(),
+            }));
+            for c in 0..self.fab.channels {
+                let other = self.fab.lane(c, rank);
+                self.fail_lane(
+                    other,
+                    Error::Aborted {
+                        rank,
+                        origin: rank,
+                        cause: cause.clone(),
+                    },
+                );
+            }
+            for j in 0..self.fab.ranks {
+                if j != rank && self.ranks[j as usize].died.is_none() {
+                    self.run.aborts_in_flight += 1;
+                    self.eng.after(
+                        self.control,
+                        Ev::Abort {
+                            rank: j,
+                            origin: rank,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    pub(crate) fn fail_all(&mut self, err: impl Fn(u32) -> Error) {
+        for l in 0..self.lanes.len() as u32 {
+            let rank = self.fab.lanes[l as usize].rank;
+            self.fail_lane(l, err(rank));
+        }
+        self.run.aborts_in_flight = 0;
+    }
+
+    pub(crate) fn on_abort(&mut self, rank: u32, origin: u32) {
+        self.run.aborts_in_flight = self.run.aborts_in_flight.saturating_sub(1);
+        if !self.run.active || self.ranks[rank as usize].died.is_some() {
+            return;
+        }
+        let rs = &mut self.ranks[rank as usize];
+        if rs.aborted.is_some() {
+            return;
+        }
+        rs.aborted = Some(origin);
+        for c in 0..self.fab.channels {
+            let l = self.fab.lane(c, rank);
+            if self.running(l) {
+                let err = self.aborted_error(rank, origin);
+                self.fail_lane(l, err);
+            }
+        }
+    }
+
+    pub(crate) fn on_death(&mut self, rank: u32) {
+        let now = self.eng.now();
+        let rs = &mut self.ranks[rank as usize];
+        if rs.died.is_none() {
+            tracing::debug!(rank, "rank died");
+            rs.died = Some(now);
+        }
+        for c in 0..self.fab.channels {
+            let l = self.fab.lane(c, rank);
+            if self.running(l) {
+                self.lanes[l as usize].state = LaneState::Dead;
+                self.run.finished += 1;
+            }
+        }
+    }
+
+    pub(crate) fn on_watchdog(&mut self, epoch: u32) {
+        if epoch != self.run.epoch || !self.run.active {
+            return;
+        }
+        let now = self.eng.now();
+        let mut next: Option<Ps> = None;
+        for l in 0..self.lanes.len() as u32 {
+            if !self.running(l) {
+                continue;
+            }
+            let lane = &self.lanes[l as usize];
+            let due = lane.last_progress.saturating_add(self.deadline);
+            if due <= now {
+                let t = self.fab.lanes[l as usize];
+                let busy = lane.machine.as_ref().is_some_and(|m| m.pending().is_some());
+                let err = Error::Timeout {
+                    rank: t.rank,
+                    channel: t.channel,
+                    waited: secs(now - lane.last_progress),
+                    waiting_for: if busy {
+                        "its own slice"
+                    } else {
+                        "data or credit from a neighbour"
+                    },
+                };
+                self.fail_lane(l, err);
+            } else {
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+        }
+        if let Some(t) = next {
+            self.eng.at(t, Ev::Watchdog { epoch });
+        }
+    }
+}
