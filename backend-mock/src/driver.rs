@@ -141,17 +141,20 @@ impl Sim {
             addr: Memory::va(t.rank, m.staging) + span.byte_offset(&g),
             lkey: Lkey(m.staging_key),
         };
+        let me = Some(ConnId {
+            channel: t.channel,
+            rank: t.rank,
+        });
         let mut rkey = sm.inbox_key;
-        if self.faults.bad_rkey
-            == Some(ConnId {
-                channel: t.channel,
-                rank: t.rank,
-            })
-        {
+        if self.faults.bad_rkey == me {
             rkey ^= 0x0001_0000;
         }
+        let mut addr = Memory::va(t.next, sm.inbox);
+        if self.faults.bad_raddr == me {
+            addr += g.fifo_bytes();
+        }
         let fifo = RemoteFifo {
-            addr: Memory::va(t.next, sm.inbox),
+            addr,
             rkey: Rkey(rkey),
             capacity: g.fifo_bytes(),
         };

@@ -7,7 +7,8 @@
 //! at a virtual time: a rank (its GPU stops, its queue pairs stop
 //! answering), a NIC (nothing leaves or enters it), an NVLink (nothing
 //! crosses it). A corrupted remote key makes one connection's sender use a
-//! wrong key, so its first RDMA WRITE fails at the responder.
+//! wrong key (or a wrong address), so its first RDMA WRITE fails the
+//! responder's key (or bounds) check.
 
 use crate::config::ClusterConfig;
 use crate::engine::{ps, Ps};
@@ -75,6 +76,9 @@ pub struct Faults {
     pub failures: Vec<Failure>,
     /// A connection whose sender presents a corrupted remote key.
     pub bad_rkey: Option<ConnId>,
+    /// A connection whose sender was told a wrong FIFO address (one FIFO
+    /// too far): its writes fall outside the registered region.
+    pub bad_raddr: Option<ConnId>,
 }
 
 impl Default for Faults {
@@ -88,6 +92,7 @@ impl Default for Faults {
             jitter: 0.0,
             failures: Vec::new(),
             bad_rkey: None,
+            bad_raddr: None,
         }
     }
 }
@@ -95,7 +100,11 @@ impl Default for Faults {
 impl Faults {
     /// Whether any packet-level fault is set.
     pub fn packet_faults(&self) -> bool {
-        self.loss > 0.0 || self.duplicate > 0.0 || self.reorder > 0.0 || self.bad_rkey.is_some()
+        self.loss > 0.0
+            || self.duplicate > 0.0
+            || self.reorder > 0.0
+            || self.bad_rkey.is_some()
+            || self.bad_raddr.is_some()
     }
 
     pub(crate) fn validate(&self, cfg: &ClusterConfig) -> Result<(), Error> {
@@ -143,7 +152,7 @@ impl Faults {
                 return Err(bad(format!("no such component: {:?}", f.what)));
             }
         }
-        if let Some(c) = self.bad_rkey {
+        for c in self.bad_rkey.iter().chain(&self.bad_raddr) {
             if c.channel >= cfg.channels || u64::from(c.rank) >= ranks {
                 return Err(bad(format!("no such connection: {c:?}")));
             }
@@ -205,6 +214,7 @@ pub(crate) struct FaultState {
     /// (from, to) → when it dies.
     pub nvlink_dies: Vec<((u32, u32), Ps)>,
     pub bad_rkey: Option<ConnId>,
+    pub bad_raddr: Option<ConnId>,
 }
 
 impl FaultState {
@@ -236,6 +246,7 @@ impl FaultState {
             nic_dies,
             nvlink_dies,
             bad_rkey: f.bad_rkey,
+            bad_raddr: f.bad_raddr,
         }
     }
 

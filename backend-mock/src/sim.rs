@@ -88,12 +88,12 @@ impl Sim {
         cfg.validate()?;
         let fab = Fabric::build(&cfg)?;
         let n = fab.ranks;
-        if let Some(c) = cfg.faults.bad_rkey {
+        for c in cfg.faults.bad_rkey.iter().chain(&cfg.faults.bad_raddr) {
             let l = fab.lane(c.channel, c.rank);
             if !matches!(fab.lanes[l as usize].hop, Hop::Net { .. }) {
                 return Err(Error::Config {
                     what: format!(
-                        "channel {} of rank {} is not an RDMA hop: there is no key to corrupt",
+                        "channel {} of rank {} is not an RDMA hop: there is no key or address to corrupt",
                         c.channel, c.rank
                     ),
                 });

@@ -198,10 +198,11 @@ fn dead_nvlink_times_out() {
     assert!(r.end <= drain + 5e-4 + 20e-6, "{}", r.end);
 }
 
-/// A corrupted remote key: the responder NAKs the first write, the sender's
-/// completion is REM_ACCESS_ERR, the others are aborted because of it.
+/// A corrupted remote key or address: the responder NAKs the first write,
+/// the sender's completion is REM_ACCESS_ERR, the others are aborted
+/// because of it.
 #[test]
-fn bad_rkey_is_remote_access_error() {
+fn bad_rkey_or_address_is_remote_access_error() {
     let mut cfg = common::small(2, 2, 2, 2);
     // Rank 1 (node 0's last GPU) sends to rank 2 across nodes.
     cfg.faults.bad_rkey = Some(ConnId {
@@ -229,6 +230,19 @@ fn bad_rkey_is_remote_access_error() {
             res.as_ref().unwrap_err().wc_status(),
             Some(WcStatus::RemAccessErr)
         );
+    }
+    // A wrong address under the right key: the bounds check fails.
+    let mut cfg = common::small(2, 2, 2, 2);
+    cfg.faults.bad_raddr = Some(ConnId {
+        channel: 0,
+        rank: 3,
+    });
+    let mut c = Cluster::new(cfg).unwrap();
+    let r = run_all(&mut c, call, true);
+    assert_all_failed(&r);
+    match &r.ranks[3] {
+        Err(Error::Completion { status, .. }) => assert_eq!(*status, WcStatus::RemAccessErr),
+        other => panic!("{other:?}"),
     }
     // The key of an NVLink hop cannot be corrupted: refused.
     let mut cfg = common::small(2, 2, 2, 2);
