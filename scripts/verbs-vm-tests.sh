@@ -4,8 +4,9 @@
 # device (scripts/rxe-vm.sh) and runs in it
 #   1. the multi-process tests (backend-verbs/tests/vm.rs, --ignored):
 #      2, 3, 4 and 8 ranks, every collective, faults;
-#   2. the benchmark: ib_write_bw (unidirectional and -b bidirectional) and
-#      a 2-rank ringcc AllReduce, both at 16 MiB on the same device.
+#   2. the benchmark: ib_write_bw (unidirectional, and -b bidirectional) and
+#      a 2-rank ringcc AllReduce (1 and 2 channels), 16 MiB, same device,
+#      in interleaved rounds.
 # Prints the ratios and writes them to target/verbs-bench.txt; the VM's
 # console log and every run's output are kept in target/verbs-vm/.
 #
@@ -13,9 +14,9 @@
 #
 # Environment: CARGO_TARGET_DIR (default target/), RXE_VM_TIMEOUT (s, 1200),
 # VERBS_BENCH_BYTES (16777216), VERBS_BENCH_ITERS (ringcc, 5),
-# IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3). Needs root for apt-get when packages are
-# missing (Debian: cmake libclang-dev for the build; the VM's own list in
-# scripts/rxe-vm.sh).
+# IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3). Needs root for
+# apt-get when packages are missing (cmake and libclang-dev for the build;
+# the VM's own list in scripts/rxe-vm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -63,7 +64,8 @@ T_BUILT=$(date +%s)
 # Scratch shared with the VM: a directory of this run's own (copied to
 # $TARGET/verbs-vm/ at the end).
 mkdir -p /var/tmp/rxe-vm
-export RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
+RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
+export RXE_VM_OUT
 BYTES=${VERBS_BENCH_BYTES:-16777216}
 ITERS=${VERBS_BENCH_ITERS:-5}
 IBW_ITERS=${IBW_ITERS:-10}
@@ -86,8 +88,8 @@ if [ "$RUN_TESTS" = 1 ]; then
   echo "vm: tests took $(( $(date +%s) - t0 ))s (exit $trc)"
 fi
 if [ "$RUN_BENCH" = 1 ]; then
-  ibw() { # ibw NAME EXTRA-FLAGS...: one ib_write_bw run, MB/s to NAME.MBps.txt
-    local name=$1; shift
+  ibw() { # ibw NAME EXTRA-FLAGS...: one ib_write_bw run; MB/s appended to NAME.MBps.txt
+    local name=$1 v; shift
     timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" > "$OUT/$name-server.txt" 2>&1 &
     local srv=$!
     # The server takes a while to listen under emulation: retry.
@@ -97,13 +99,13 @@ if [ "$RUN_BENCH" = 1 ]; then
       grep -q "Couldn't connect" "$OUT/$name.txt" || break
     done
     wait $srv
-    local v
     v=$(awk -v s="$BYTES" '$1==s {print $4}' "$OUT/$name.txt" | tail -1)
+    echo "$name: ${v:-failed} MB/s"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
-  ringcc() { # ringcc NAME CHANNELS: one 2-rank AllReduce run, busbw to NAME.MBps.txt
-    # A port below the ephemeral range, so no live connection holds it.
-    local name=$1 port=$(( 20000 + RANDOM % 10000 ))
+  ringcc() { # ringcc NAME CHANNELS: one 2-rank AllReduce run; busbw appended to NAME.MBps.txt
+    # A port below the ephemeral range, so that no live connection holds it.
+    local name=$1 port=$(( 20000 + RANDOM % 10000 )) v r
     rm -f "$OUT/$name.json"
     for r in 0 1; do
       RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
@@ -111,12 +113,12 @@ if [ "$RUN_BENCH" = 1 ]; then
         --warmup 1 --out "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
     wait
-    grep BENCH "$OUT/$name-0.txt" || tail -n 3 "$OUT/$name-0.txt"
-    local v
     v=$(sed -n 's/.*"busbw_MBps":\([0-9.]*\).*/\1/p' "$OUT/$name.json" 2>/dev/null)
+    echo "$name: ${v:-failed} MB/s"
+    [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
-  # Interleaved rounds: the emulated machine is noisy, medians compare.
+  # Interleaved rounds: the emulated machine's speed drifts.
   for round in $(seq "$ROUNDS"); do
     ibw ibw-uni
     ibw ibw-bi -b
@@ -134,11 +136,12 @@ rc=$?
 set -e
 T_END=$(date +%s)
 
-median() { # median of numbers, one per line on stdin (empty input: nothing)
-  grep -E '^[0-9]+([.][0-9]*)?$' | sort -g | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
+median() { # median of the numbers on stdin, one per line (none: nothing)
+  grep -E '^[0-9]+([.][0-9]*)?$' | sort -g \
+    | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
 }
-ratios() { # per-round A/B of two files of per-round numbers ("-" where a run failed)
-  paste -d' ' "$1" "$2" 2>/dev/null | awk '$1+0 > 0 && $2+0 > 0 {printf "%.3f\n", $1/$2}'
+ratios() { # per-round A/B of two files of per-round numbers ("-": a failed run)
+  paste -d' ' "$1" "$2" | awk '$1+0 > 0 && $2+0 > 0 {printf "%.3f\n", $1/$2}'
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
@@ -153,8 +156,8 @@ if [ "$RUN_BENCH" = 1 ]; then
   b2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-bi.MBps.txt" | median)
   {
     echo "# ringcc-verbs benchmark: Soft-RoCE (rxe0) in a qemu TCG VM, $(date -u +%Y-%m-%dT%H:%MZ)"
-    echo "# $BYTES-byte messages, $ROUNDS interleaved rounds (MB/s; ratios are medians of"
-    echo "# per-round ratios, since the emulated machine's speed drifts):"
+    echo "# $BYTES-byte messages, $ROUNDS interleaved rounds (MB/s; each ratio is the median"
+    echo "# of per-round ratios, since the emulated machine's speed drifts):"
     echo "#   ib_write_bw -s $BYTES -n $IBW_ITERS: unidirectional; -b: both directions, summed"
     echo "#   ringcc AllReduce f32 sum, 2 ranks, busbw over $ITERS iterations, 1 and 2 channels"
     for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2; do
@@ -171,241 +174,7 @@ if [ "$RUN_BENCH" = 1 ]; then
   } > "$TARGET/verbs-bench.txt"
   cat "$TARGET/verbs-bench.txt"
   if [ -z "$r1" ] && [ -z "$r2" ]; then
-    echo "verbs-vm-tests: the benchmark did not produce numbers" >&2
-    [ "$rc" = 0 ] && rc=1
-  fi
-fi
-echo "verbs-vm-tests: building (release)" >&2
-# One build of the crate's tests and examples (the rank binary): after the
-# workspace's `cargo test --release` this is (nearly) a no-op.
-BUILD_LOG=$(mktemp)
-if ! cargo test --release -p ringcc-verbs --no-run > "$BUILD_LOG" 2>&1; then
-  cat "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
-fi
-TEST_BIN=$(sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' "$BUILD_LOG" | tail -1)
-rm -f "$BUILD_LOG"
-[ -n "$TEST_BIN" ] || { echo "verbs-vm-tests: cannot find the vm test binary" >&2; exit 1; }
-case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
-RANK_BIN=$TARGET/release/examples/verbs_rank
-[ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
-T_BUILT=$(date +%s)
-
-# Scratch shared with the VM: a directory of this run's own (copied to
-# $TARGET/verbs-vm/ at the end).
-mkdir -p /var/tmp/rxe-vm
-export RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
-BYTES=${VERBS_BENCH_BYTES:-16777216}
-ITERS=${VERBS_BENCH_ITERS:-5}
-IBW_ITERS=${IBW_ITERS:-10}
-ROUNDS=${VERBS_BENCH_ROUNDS:-3}
-
-# What runs inside the VM.
-{
-  echo 'set -u'
-  printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN"
-  printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q\n' \
-    "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH"
-  printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
-  cat <<'VM'
-export RINGCC_VERBS_RANK_BIN=$RANK_BIN
-trc=0
-if [ "$RUN_TESTS" = 1 ]; then
-  t0=$(date +%s)
-  "$TEST_BIN" --ignored --test-threads=1 --nocapture "${FILTER[@]}" 2>&1 | tee "$OUT/tests.txt"
-  trc=${PIPESTATUS[0]}
-  echo "vm: tests took $(( $(date +%s) - t0 ))s (exit $trc)"
-fi
-if [ "$RUN_BENCH" = 1 ]; then
-  ibw() { # ibw NAME EXTRA-FLAGS...: one ib_write_bw run, MB/s to NAME.MBps.txt
-    local name=$1; shift
-    timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" > "$OUT/$name-server.txt" 2>&1 &
-    local srv=$!
-    # The server takes a while to listen under emulation: retry.
-    for try in 1 2 3 4 5 6 7 8 9 10; do
-      sleep 1
-      timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" 127.0.0.1 > "$OUT/$name.txt" 2>&1
-      grep -q "Couldn't connect" "$OUT/$name.txt" || break
-    done
-    wait $srv
-    local v
-    v=$(awk -v s="$BYTES" '$1==s {print $4}' "$OUT/$name.txt" | tail -1)
-    echo "${v:--}" >> "$OUT/$name.MBps.txt"
-  }
-  ringcc() { # ringcc NAME CHANNELS: one 2-rank AllReduce run, busbw to NAME.MBps.txt
-    # A port below the ephemeral range, so no live connection holds it.
-    local name=$1 port=$(( 20000 + RANDOM % 10000 ))
-    rm -f "$OUT/$name.json"
-    for r in 0 1; do
-      RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
-        RINGCC_NCHANNELS=$2 timeout 600 "$RANK_BIN" bench --bytes "$BYTES" --iters "$ITERS" \
-        --warmup 1 --out "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
-    done
-    wait
-    grep BENCH "$OUT/$name-0.txt" || tail -n 3 "$OUT/$name-0.txt"
-    local v
-    v=$(sed -n 's/.*"busbw_MBps":\([0-9.]*\).*/\1/p' "$OUT/$name.json" 2>/dev/null)
-    echo "${v:--}" >> "$OUT/$name.MBps.txt"
-  }
-  # Interleaved rounds: the emulated machine is noisy, medians compare.
-  for round in $(seq "$ROUNDS"); do
-    ibw ibw-uni
-    ibw ibw-bi -b
-    ringcc ringcc-c1 1
-    ringcc ringcc-c2 2
-  done
-fi
-exit $trc
-VM
-} > "$RXE_VM_OUT/in-vm.sh"
-
-set +e
-scripts/rxe-vm.sh --timeout "${RXE_VM_TIMEOUT:-1200}" -- bash "$RXE_VM_OUT/in-vm.sh"
-rc=$?
-set -e
-T_END=$(date +%s)
-
-median() { # median of the numbers in a file (one per line), or empty
-  [ -s "$1" ] || return 0
-  sort -g "$1" | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
-}
-if [ "$RUN_BENCH" = 1 ]; then
-  uni=$(median "$RXE_VM_OUT/ibw-uni.MBps.txt")
-  bi=$(median "$RXE_VM_OUT/ibw-bi.MBps.txt")
-  c1=$(median "$RXE_VM_OUT/ringcc-c1.MBps.txt")
-  c2=$(median "$RXE_VM_OUT/ringcc-c2.MBps.txt")
-  {
-    echo "# ringcc-verbs benchmark: Soft-RoCE (rxe0) in a qemu TCG VM, $(date -u +%Y-%m-%dT%H:%MZ)"
-    echo "# $BYTES-byte messages; medians of $ROUNDS interleaved rounds (MB/s):"
-    echo "#   ib_write_bw -s $BYTES -n $IBW_ITERS (unidirectional), with -b (both directions, summed);"
-    echo "#   ringcc AllReduce f32 sum, 2 ranks, busbw over $ITERS iterations, 1 and 2 channels"
-    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2; do
-      echo "# $f runs: $(tr '\n' ' ' < "$RXE_VM_OUT/$f.MBps.txt" 2>/dev/null)"
-    done
-    echo "ib_write_bw_MBps=${uni:-?}"
-    echo "ib_write_bw_bidir_MBps=${bi:-?}"
-    echo "ringcc_allreduce_busbw_1ch_MBps=${c1:-?}"
-    echo "ringcc_allreduce_busbw_2ch_MBps=${c2:-?}"
-    awk -v u="${uni:-0}" -v b="${bi:-0}" -v c1="${c1:-0}" -v c2="${c2:-0}" 'BEGIN {
-      best = (c1 > c2) ? c1 : c2
-      if (u > 0) printf "ratio_vs_ib_write_bw=%.3f\n", best / u
-      if (b > 0) printf "ratio_vs_ib_write_bw_bidir=%.3f\n", best / b
-    }'
-  } > "$TARGET/verbs-bench.txt"
-  cat "$TARGET/verbs-bench.txt"
-  if [ -z "$uni" ] || [ -z "$c1" ]; then
-    echo "verbs-vm-tests: the benchmark did not produce numbers" >&2
-    [ "$rc" = 0 ] && rc=1
-  fi
-fi
-echo "verbs-vm-tests: building (release)" >&2
-# One build of the crate's tests and examples (the rank binary): after the
-# workspace's `cargo test --release` this is (nearly) a no-op.
-BUILD_LOG=$(mktemp)
-if ! cargo test --release -p ringcc-verbs --no-run > "$BUILD_LOG" 2>&1; then
-  cat "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
-fi
-TEST_BIN=$(sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' "$BUILD_LOG" | tail -1)
-rm -f "$BUILD_LOG"
-[ -n "$TEST_BIN" ] || { echo "verbs-vm-tests: cannot find the vm test binary" >&2; exit 1; }
-case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
-RANK_BIN=$TARGET/release/examples/verbs_rank
-[ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
-T_BUILT=$(date +%s)
-
-# Scratch shared with the VM: a directory of this run's own (copied to
-# $TARGET/verbs-vm/ at the end).
-mkdir -p /var/tmp/rxe-vm
-export RXE_VM_OUT=$(mktemp -d /var/tmp/rxe-vm/verbs.XXXXXX)
-BYTES=${VERBS_BENCH_BYTES:-16777216}
-ITERS=${VERBS_BENCH_ITERS:-5}
-IBW_ITERS=${IBW_ITERS:-10}
-ROUNDS=${VERBS_BENCH_ROUNDS:-3}
-
-# What runs inside the VM.
-{
-  echo 'set -u'
-  printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN"
-  printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q\n' \
-    "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH"
-  printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
-  cat <<'VM'
-export RINGCC_VERBS_RANK_BIN=$RANK_BIN
-trc=0
-if [ "$RUN_TESTS" = 1 ]; then
-  t0=$(date +%s)
-  "$TEST_BIN" --ignored --test-threads=1 --nocapture "${FILTER[@]}" 2>&1 | tee "$OUT/tests.txt"
-  trc=${PIPESTATUS[0]}
-  echo "vm: tests took $(( $(date +%s) - t0 ))s (exit $trc)"
-fi
-if [ "$RUN_BENCH" = 1 ]; then
-  ibw() { # ibw NAME EXTRA-FLAGS...: one ib_write_bw run, MB/s to NAME.MBps.txt
-    local name=$1; shift
-    timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" > "$OUT/$name-server.txt" 2>&1 &
-    local srv=$!
-    # The server takes a while to listen under emulation: retry.
-    for try in 1 2 3 4 5 6 7 8 9 10; do
-      sleep 1
-      timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" 127.0.0.1 > "$OUT/$name.txt" 2>&1
-      grep -q "Couldn't connect" "$OUT/$name.txt" || break
-    done
-    wait $srv
-    local v
-    v=$(awk -v s="$BYTES" '$1==s {print $4}' "$OUT/$name.txt" | tail -1)
-    echo "${v:--}" >> "$OUT/$name.MBps.txt"
-  }
-  ringcc() { # ringcc NAME CHANNELS: one 2-rank AllReduce run, busbw to NAME.MBps.txt
-    # A port below the ephemeral range, so no live connection holds it.
-    local name=$1 port=$(( 20000 + RANDOM % 10000 ))
-    rm -f "$OUT/$name.json"
-    for r in 0 1; do
-      RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
-        RINGCC_NCHANNELS=$2 timeout 600 "$RANK_BIN" bench --bytes "$BYTES" --iters "$ITERS" \
-        --warmup 1 --out "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
-    done
-    wait
-    grep BENCH "$OUT/$name-0.txt" || tail -n 3 "$OUT/$name-0.txt"
-    local v
-    v=$(sed -n 's/.*"busbw_MBps":\([0-9.]*\).*/\1/p' "$OUT/$name.json" 2>/dev/null)
-    echo "${v:--}" >> "$OUT/$name.MBps.txt"
-  }
-  # Interleaved rounds: the emulated machine is noisy, medians compare.
-  for round in $(seq "$ROUNDS"); do
-    ibw ibw-uni
-    ibw ibw-bi -b
-    ringcc ringcc-c1 1
-    ringcc ringcc-c2 2
-  done
-fi
-exit $trc
-VM
-} > "$RXE_VM_OUT/in-vm.sh"
-
-set +e
-scripts/rxe-vm.sh --timeout "${RXE_VM_TIMEOUT:-1200}" -- bash "$RXE_VM_OUT/in-vm.sh"
-rc=$?
-set -e
-T_END=$(date +%s)
-
-if [ "$RUN_BENCH" = 1 ]; then
-  uni=$(cat "$RXE_VM_OUT/ibw-uni.MBps.txt" 2>/dev/null || true)
-  bi=$(cat "$RXE_VM_OUT/ibw-bi.MBps.txt" 2>/dev/null || true)
-  bus=$(sed -n 's/.*"busbw_MBps":\([0-9.]*\).*/\1/p' "$RXE_VM_OUT/ringcc-bench.json" 2>/dev/null || true)
-  {
-    echo "# ringcc-verbs benchmark, Soft-RoCE (rxe0) in a qemu TCG VM, $(date -u +%Y-%m-%dT%H:%MZ)"
-    echo "# message size $BYTES bytes; 2 ranks; ringcc AllReduce f32 sum, $ITERS iterations"
-    echo "ib_write_bw_MBps=${uni:-?}"
-    echo "ib_write_bw_bidir_MBps=${bi:-?}"
-    echo "ringcc_allreduce_busbw_MBps=${bus:-?}"
-    if [ -n "$uni" ] && [ -n "$bi" ] && [ -n "$bus" ]; then
-      awk -v u="$uni" -v b="$bi" -v r="$bus" 'BEGIN {
-        printf "ratio_vs_ib_write_bw=%.3f\n", r / u
-        printf "ratio_vs_ib_write_bw_bidir=%.3f\n", r / b
-      }'
-    fi
-  } > "$TARGET/verbs-bench.txt"
-  cat "$TARGET/verbs-bench.txt"
-  if [ -z "$uni" ] || [ -z "$bus" ]; then
-    echo "verbs-vm-tests: the benchmark did not produce numbers" >&2
+    echo "verbs-vm-tests: the benchmark produced no numbers" >&2
     [ "$rc" = 0 ] && rc=1
   fi
 fi
