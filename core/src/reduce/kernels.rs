@@ -101,14 +101,28 @@ macro_rules! dispatch {
                 |v: f32| f16::from_f32(v).to_ne_bytes(),
                 $drive, $($args),*
             ),
-            DataType::Bf16 => dispatch_float!(
-                $op, 2,
-                |b: [u8; 2]| bf16::from_ne_bytes(b).to_f32(),
-                |v: f32| bf16::from_f32(v).to_ne_bytes(),
-                $drive, $($args),*
-            ),
+            DataType::Bf16 => dispatch_float!($op, 2, bf16_load, bf16_store, $drive, $($args),*),
         }
     };
+}
+
+/// bfloat16 → f32: the upper half of the f32's bits (exact).
+#[inline(always)]
+fn bf16_load(b: [u8; 2]) -> f32 {
+    f32::from_bits(u32::from(u16::from_ne_bytes(b)) << 16)
+}
+
+/// f32 → bfloat16, rounding to nearest even, NaNs kept NaN (quiet bit
+/// set) — `half::bf16::from_f32`'s result, written without branches so the
+/// loop vectorizes.
+#[inline(always)]
+fn bf16_store(v: f32) -> [u8; 2] {
+    let x = v.to_bits();
+    let rounded = x.wrapping_add(0x7fff_u32.wrapping_add((x >> 16) & 1)) >> 16;
+    let quiet_nan = (x >> 16) | 0x0040;
+    let is_nan = (x & 0x7fff_ffff) > 0x7f80_0000;
+    let r = if is_nan { quiet_nan } else { rounded };
+    (r as u16).to_ne_bytes()
 }
 
 fn check(dtype: DataType, dst: usize, src: usize) -> Result<(), Error> {
