@@ -98,7 +98,11 @@ fn case(with_faults: bool) -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+    // Fewer cases in debug builds; `cargo test --release` runs them all.
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(debug_assertions) { 40 } else { 256 },
+        .. ProptestConfig::default()
+    })]
 
     #[test]
     fn exact_results_lossless(c in case(false)) {
@@ -114,7 +118,10 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(debug_assertions) { 8 } else { 48 },
+        .. ProptestConfig::default()
+    })]
 
     /// Same configuration, same seeds: the same event log, bit for bit;
     /// another fault seed: the same results (and another log).
