@@ -140,8 +140,8 @@ median() { # median of the numbers on stdin, one per line (none: nothing)
   grep -E '^[0-9]+([.][0-9]*)?$' | sort -g \
     | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
 }
-ratios() { # per-round A/B of two files of per-round numbers ("-": a failed run)
-  paste -d' ' "$1" "$2" | awk '$1+0 > 0 && $2+0 > 0 {printf "%.3f\n", $1/$2}'
+ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a failed run)
+  paste -d' ' "$1" "$2" | awk -v d="${3:-1}" '$1+0 > 0 && $2+0 > 0 {printf "%.3f\n", $1/($2/d)}'
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
@@ -152,8 +152,10 @@ if [ "$RUN_BENCH" = 1 ]; then
   c2=$(median < "$O/ringcc-c2.MBps.txt")
   r1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
-  b1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-bi.MBps.txt" | median)
-  b2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-bi.MBps.txt" | median)
+  # An AllReduce rank sends and receives at once: its busbw (bytes sent
+  # per rank) against -b's rate per direction (half its sum).
+  b1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
+  b2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   {
     echo "# ringcc-verbs benchmark: Soft-RoCE (rxe0) in a qemu TCG VM, $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "# $BYTES-byte messages, $ROUNDS interleaved rounds (MB/s; each ratio is the median"
@@ -169,8 +171,8 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ringcc_allreduce_busbw_2ch_MBps=${c2:-?}"
     echo "ratio_1ch_vs_ib_write_bw=${r1:-?}"
     echo "ratio_2ch_vs_ib_write_bw=${r2:-?}"
-    echo "ratio_1ch_vs_ib_write_bw_bidir=${b1:-?}"
-    echo "ratio_2ch_vs_ib_write_bw_bidir=${b2:-?}"
+    echo "ratio_1ch_vs_ib_write_bw_bidir_per_direction=${b1:-?}"
+    echo "ratio_2ch_vs_ib_write_bw_bidir_per_direction=${b2:-?}"
   } > "$TARGET/verbs-bench.txt"
   cat "$TARGET/verbs-bench.txt"
   if [ -z "$r1" ] && [ -z "$r2" ]; then
