@@ -45,12 +45,20 @@ fn refusals_are_logged_with_peer_and_reason() {
             .filter(|l| l.contains("rejected connection"))
             .collect();
         if lines.len() >= 2 {
-            assert!(lines.iter().all(|l| l.contains("WARN") && l.contains("127.0.0.1")));
+            assert!(lines
+                .iter()
+                .all(|l| l.contains("WARN") && l.contains("127.0.0.1")));
             assert!(lines.iter().any(|l| l.contains("bad hello")), "{text}");
-            assert!(lines.iter().any(|l| l.contains("wrong job token")), "{text}");
+            assert!(
+                lines.iter().any(|l| l.contains("wrong job token")),
+                "{text}"
+            );
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no rejection logged: {text}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no rejection logged: {text}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
