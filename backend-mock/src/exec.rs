@@ -19,7 +19,7 @@ use ringcc_core::prim::Exec;
 use ringcc_core::reduce::{finalize, reduce};
 use ringcc_core::Primitive;
 
-use crate::engine::{xfer_ps, Ev, NONE};
+use crate::engine::{Ev, NONE};
 use crate::error::Error;
 use crate::fabric::Hop;
 use crate::sim::Sim;
@@ -52,7 +52,7 @@ impl Sim {
             + u64::from(net_send);
         let mut done = now
             .saturating_add(self.gpu_overhead)
-            .saturating_add(xfer_ps(touched * bytes, self.cfg.gpu.mem_bandwidth));
+            .saturating_add(self.gpu_rate.time(touched * bytes));
         if let Some(span) = e.send {
             match t.hop {
                 Hop::Nvlink { link } => {

@@ -10,7 +10,7 @@ use ringcc_core::topology::{RingOrder, Topology};
 use ringcc_core::{ChannelId, Error as CoreError, HopKind, NicId, Rank, RingIndex};
 
 use crate::config::{ClusterConfig, LinkModel, MAX_RANKS};
-use crate::engine::{ps, xfer_ps, Ps};
+use crate::engine::{ps, Ps, Rate};
 use crate::error::Error;
 
 /// One channel's ring as two index tables: O(1) `rank_at` / `index_of`
@@ -93,7 +93,7 @@ pub enum LinkKind {
 pub(crate) struct LinkRes {
     pub name: String,
     pub kind: LinkKind,
-    pub bandwidth: f64,
+    pub rate: Rate,
     pub latency: Ps,
     /// When the link is free for the next transfer.
     pub free_at: Ps,
@@ -107,7 +107,7 @@ impl LinkRes {
         LinkRes {
             name,
             kind,
-            bandwidth: m.bandwidth,
+            rate: Rate::new(m.bandwidth),
             latency: ps(m.latency),
             free_at: 0,
             bytes: 0,
@@ -121,7 +121,7 @@ impl LinkRes {
     #[inline]
     pub fn reserve(&mut self, ready: Ps, bytes: u64) -> (Ps, Ps) {
         let start = ready.max(self.free_at);
-        let d = xfer_ps(bytes, self.bandwidth);
+        let d = self.rate.time(bytes);
         let end = start.saturating_add(d);
         self.free_at = end;
         self.bytes = self.bytes.saturating_add(bytes);

@@ -20,7 +20,7 @@ use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::post::CREDIT_LEN;
 use ringcc_core::wire::WcStatus;
 
-use crate::engine::{ps, xfer_ps, Ev, Ps, NONE};
+use crate::engine::{ps, Ev, Ps, NONE};
 use crate::error::Error;
 use crate::fabric::Hop;
 use crate::rnic::frame::write_wire_bytes;
@@ -112,7 +112,7 @@ impl Sim {
         let wire = write_wire_bytes(CREDIT_LEN as u64, self.cfg.mtu, true);
         let sent = now
             .saturating_add(self.doorbell)
-            .saturating_add(xfer_ps(wire, res.bandwidth));
+            .saturating_add(res.rate.time(wire));
         let arrive = sent.saturating_add(res.latency);
         if self.flow_lost(rx, tx, t.prev, sent, arrive) {
             self.eng.at(

@@ -15,7 +15,7 @@ use ringcc_core::prim::Machine;
 use ringcc_core::{CallDesc, ChannelId, Plan, Rank};
 
 use crate::config::ClusterConfig;
-use crate::engine::{ps, secs, Engine, Ev, Ps, Slab};
+use crate::engine::{ps, secs, Engine, Ev, Ps, Rate, Slab};
 use crate::error::Error;
 use crate::exec::Xfer;
 use crate::fabric::{Fabric, Hop, RingRef};
@@ -65,6 +65,7 @@ pub(crate) struct Sim {
     pub stats: Stats,
     pub xfers: Slab<Xfer>,
     pub gpu_overhead: Ps,
+    pub gpu_rate: Rate,
     pub doorbell: Ps,
     pub rto: Ps,
     pub give_up: Ps,
@@ -110,6 +111,7 @@ impl Sim {
         let lanes = fab.lanes.iter().map(|t| Lane::new(*t)).collect();
         let mut sim = Sim {
             gpu_overhead: ps(cfg.gpu.step_overhead),
+            gpu_rate: Rate::new(cfg.gpu.mem_bandwidth),
             doorbell: ps(cfg.rnic.doorbell_latency),
             rto: ps(cfg.rnic.rto()),
             give_up: give_up_after(&cfg),
