@@ -24,7 +24,12 @@
 //!   topology says, so 8 channels on 8 NICs use 8 ports in parallel.
 //! - **Timing-only mode** (`payload: false`) moves no bytes and models each
 //!   RDMA message as one flow on its port (the packet model's time on a
-//!   lossless port, at O(1) per message): 1024 ranks run in seconds.
+//!   lossless port, at O(1) per message; the two agree within a percent or
+//!   two, tested). The engine is a calendar queue with O(1) pushes and
+//!   pops, credits are handed over lazily (an event only for a lane that
+//!   waits for one), so a slice costs about two events: 1024 ranks x 16
+//!   channels, 1 GiB AllReduce (33.5 M slices) in about ten seconds on one
+//!   core, most of it the core's state machines themselves.
 //! - **Faults** ([`Faults`]): seeded packet loss, duplication, reordering,
 //!   jitter, a dead rank / NIC / NVLink at a virtual time, a corrupted
 //!   remote key. Loss is recovered by retransmission; a failure ends every
@@ -35,6 +40,11 @@
 //!   a hash of the event log ([`Cluster::stats`]).
 //!
 //! Same configuration and seed, same event log, bit for bit.
+//!
+//! Not modelled: completion-queue overflow (each rank's progress loop takes
+//! completions as they are raised), congestion inside the switch (ports
+//! are the only shared network resources), PCIe, and contention for a
+//! GPU's memory between its channels.
 //!
 //! ```
 //! use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers};
