@@ -15,8 +15,7 @@
 //! pair) are. The successor sees the slot and the `tail` one link latency
 //! after the last byte left.
 
-use ringcc_core::prim::Exec;
-use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::prim::{slice_result, Exec};
 use ringcc_core::Primitive;
 
 use crate::engine::{Ev, NONE};
@@ -166,29 +165,23 @@ impl Sim {
             None
         };
         let mut result = vec![0u8; bytes];
-        match (incoming, local) {
-            (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
-                reduce(call.dtype, call.op, &mut result, inc, loc).map_err(|source| {
-                    Error::Reduce {
-                        rank,
-                        call: "reduce",
-                        source,
-                    }
-                })?;
-                if p.finalizes() {
-                    finalize(call.dtype, call.op, &mut result, self.fab.ranks).map_err(
-                        |source| Error::Reduce {
-                            rank,
-                            call: "finalize",
-                            source,
-                        },
-                    )?;
-                }
-            }
-            (Some(inc), _) => result.copy_from_slice(inc),
-            (None, Some(loc)) => result.copy_from_slice(loc),
-            (None, None) => return Err(missing("primitive without data")),
+        if incoming.is_none() && local.is_none() {
+            return Err(missing("primitive without data"));
         }
+        slice_result(
+            p,
+            call.dtype,
+            call.op,
+            self.fab.ranks,
+            incoming,
+            local,
+            &mut result,
+        )
+        .map_err(|source| Error::Reduce {
+            rank,
+            call: "slice_result",
+            source,
+        })?;
         if p.contains(Primitive::COPY) {
             let at = lay.output_at + e.output_offset as usize * elem;
             bufs.output

@@ -10,8 +10,7 @@
 //! every slot read holds the step the reader expects.
 
 use ringcc_core::fifo::{FifoGeometry, STEPS};
-use ringcc_core::prim::{Action, Exec, LinkState, Machine};
-use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
 use ringcc_core::topology::{Ring, Topology};
 use ringcc_core::{
     CallDesc, ChannelId, Collective, DataType, Error, Plan, Primitive, Rank, ReduceOp,
@@ -508,17 +507,16 @@ fn carry_out(
     } else {
         None
     };
-    match (incoming, local) {
-        (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
-            reduce(call.dtype, call.op, &mut result, &inc, &loc).expect("reduce");
-            if p.finalizes() {
-                finalize(call.dtype, call.op, &mut result, ranks).expect("finalize");
-            }
-        }
-        (Some(inc), _) => result.copy_from_slice(&inc),
-        (None, Some(loc)) => result.copy_from_slice(&loc),
-        (None, None) => unreachable!("a primitive with neither input nor receive"),
-    }
+    slice_result(
+        p,
+        call.dtype,
+        call.op,
+        ranks,
+        incoming.as_deref(),
+        local.as_deref(),
+        &mut result,
+    )
+    .expect("slice result");
     if p.contains(Primitive::COPY) {
         let off = layout.output + e.output_offset as usize * es;
         mem[off..off + bytes].copy_from_slice(&result);

@@ -10,8 +10,7 @@ use std::time::Duration;
 use embedded_hal::delay::DelayNs;
 use ringcc_core::driver::{BlockingDriver, DriverError, Event, Transport};
 use ringcc_core::fifo::{FifoGeometry, ShmFifo};
-use ringcc_core::prim::{Action, Exec, LinkState, Machine};
-use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
 use ringcc_core::topology::Topology;
 use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
 use ringcc_core::{CallDesc, ChannelId, Plan, Primitive, Rank};
@@ -130,18 +129,16 @@ impl RankTransport<'_> {
             self.mem[off..off + bytes].to_vec()
         });
         let mut result = vec![0u8; bytes];
-        match (incoming, local) {
-            (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
-                reduce(self.call.dtype, self.call.op, &mut result, &inc, &loc).expect("reduce");
-                if p.finalizes() {
-                    finalize(self.call.dtype, self.call.op, &mut result, self.ranks)
-                        .expect("finalize");
-                }
-            }
-            (Some(inc), _) => result = inc,
-            (None, Some(loc)) => result = loc,
-            (None, None) => unreachable!("primitive without data"),
-        }
+        slice_result(
+            p,
+            self.call.dtype,
+            self.call.op,
+            self.ranks,
+            incoming.as_deref(),
+            local.as_deref(),
+            &mut result,
+        )
+        .expect("slice result");
         if p.contains(Primitive::COPY) {
             let off = self.layout.output + e.output_offset as usize * es;
             self.mem[off..off + bytes].copy_from_slice(&result);

@@ -100,3 +100,47 @@ impl core::fmt::Display for Primitive {
 mod machine;
 
 pub use machine::{Action, Exec, LinkState, Machine, SlotSpan};
+
+/// What a primitive produces for one slice, into `out`: `incoming ⊕ local`
+/// when it reduces (then [`finalize`](crate::reduce::finalize)d where the
+/// primitive completes the reduction: `Avg` divides by `nranks` there),
+/// otherwise the incoming slice, otherwise the local input. Every backend
+/// computes exactly this — on the host with these kernels, on a GPU with
+/// kernels checked against them.
+///
+/// `incoming` must be given when the primitive receives, `local` when it
+/// [reads its input](Primitive::reads_input); all slices have `out`'s
+/// length.
+pub fn slice_result(
+    p: Primitive,
+    dtype: crate::reduce::DataType,
+    op: crate::reduce::ReduceOp,
+    nranks: u32,
+    incoming: Option<&[u8]>,
+    local: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), crate::Error> {
+    match (incoming, local) {
+        (Some(inc), Some(loc)) if p.contains(Primitive::REDUCE) => {
+            crate::reduce::reduce(dtype, op, out, inc, loc)?;
+            if p.finalizes() {
+                crate::reduce::finalize(dtype, op, out, nranks)?;
+            }
+            Ok(())
+        }
+        (Some(src), _) | (None, Some(src)) => {
+            if src.len() != out.len() {
+                return Err(crate::Error::BadLength {
+                    dst: out.len(),
+                    src: src.len(),
+                });
+            }
+            out.copy_from_slice(src);
+            Ok(())
+        }
+        (None, None) => Err(crate::Error::BadLength {
+            dst: out.len(),
+            src: 0,
+        }),
+    }
+}
