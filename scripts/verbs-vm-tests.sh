@@ -59,6 +59,15 @@ rm -f "$BUILD_LOG"
 case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
 RANK_BIN=$TARGET/release/examples/verbs_rank
 [ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
+# The `ringcc perf --backend verbs` command, measured next to the rest.
+PERF_BIN=""
+if [ "$RUN_BENCH" = 1 ]; then
+  if cargo build --release -q -p ringcc --features verbs; then
+    PERF_BIN=$TARGET/release/ringcc
+  else
+    echo "verbs-vm-tests: cannot build ringcc --features verbs" >&2
+  fi
+fi
 T_BUILT=$(date +%s)
 
 # Scratch shared with the VM: a directory of this run's own (copied to
@@ -74,7 +83,7 @@ ROUNDS=${VERBS_BENCH_ROUNDS:-3}
 # What runs inside the VM.
 {
   echo 'set -u'
-  printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN"
+  printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q; PERF_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN" "$PERF_BIN"
   printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q\n' \
     "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH"
   printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
@@ -118,12 +127,28 @@ if [ "$RUN_BENCH" = 1 ]; then
     [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
+  perf() { # perf NAME CHANNELS: 2-rank `ringcc perf allreduce --backend verbs`
+    local name=$1 port=$(( 20000 + RANDOM % 10000 )) v r
+    rm -f "$OUT/$name.json"
+    for r in 0 1; do
+      RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
+        RINGCC_NCHANNELS=$2 timeout 600 "$PERF_BIN" perf allreduce --backend verbs \
+        -b "$BYTES" -e "$BYTES" -n "$ITERS" -w 1 -J "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
+    done
+    wait
+    v=$(sed -n 's/.*"avg_busbw_gbps": *\([0-9.eE+-]*\).*/\1/p' "$OUT/$name.json" 2>/dev/null \
+      | awk 'NR==1 {printf "%.3f", $1 * 1000}')
+    echo "$name: ${v:-failed} MB/s"
+    [ -n "$v" ] || tail -n 5 "$OUT/$name-0.txt"
+    echo "${v:--}" >> "$OUT/$name.MBps.txt"
+  }
   # Interleaved rounds: the emulated machine's speed drifts.
   for round in $(seq "$ROUNDS"); do
     ibw ibw-uni
     ibw ibw-bi -b
     ringcc ringcc-c1 1
     ringcc ringcc-c2 2
+    [ -n "$PERF_BIN" ] && perf perf-c2 2
   done
 fi
 exit $trc
@@ -145,11 +170,14 @@ ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a faile
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
-  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2; do touch "$O/$f.MBps.txt"; done
+  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2; do touch "$O/$f.MBps.txt"; done
   uni=$(median < "$O/ibw-uni.MBps.txt")
   bi=$(median < "$O/ibw-bi.MBps.txt")
   c1=$(median < "$O/ringcc-c1.MBps.txt")
   c2=$(median < "$O/ringcc-c2.MBps.txt")
+  p2=$(median < "$O/perf-c2.MBps.txt")
+  rp=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
+  bp=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   r1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   # An AllReduce rank sends and receives at once: its busbw (bytes sent
@@ -162,21 +190,30 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "# of per-round ratios, since the emulated machine's speed drifts):"
     echo "#   ib_write_bw -s $BYTES -n $IBW_ITERS: unidirectional; -b: both directions, summed"
     echo "#   ringcc AllReduce f32 sum, 2 ranks, busbw over $ITERS iterations, 1 and 2 channels"
-    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2; do
+    echo "#   (verbs_rank bench), and \`ringcc perf allreduce --backend verbs\` with 2 channels"
+    echo "#   (its avg_busbw: out-of-place and in-place columns)"
+    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
     echo "ib_write_bw_MBps=${uni:-?}"
     echo "ib_write_bw_bidir_MBps=${bi:-?}"
     echo "ringcc_allreduce_busbw_1ch_MBps=${c1:-?}"
     echo "ringcc_allreduce_busbw_2ch_MBps=${c2:-?}"
+    echo "ringcc_perf_allreduce_busbw_2ch_MBps=${p2:-?}"
     echo "ratio_1ch_vs_ib_write_bw=${r1:-?}"
     echo "ratio_2ch_vs_ib_write_bw=${r2:-?}"
     echo "ratio_1ch_vs_ib_write_bw_bidir_per_direction=${b1:-?}"
     echo "ratio_2ch_vs_ib_write_bw_bidir_per_direction=${b2:-?}"
+    echo "ratio_perf_2ch_vs_ib_write_bw=${rp:-?}"
+    echo "ratio_perf_2ch_vs_ib_write_bw_bidir_per_direction=${bp:-?}"
   } > "$TARGET/verbs-bench.txt"
   cat "$TARGET/verbs-bench.txt"
   if [ -z "$r1" ] && [ -z "$r2" ]; then
     echo "verbs-vm-tests: the benchmark produced no numbers" >&2
+    [ "$rc" = 0 ] && rc=1
+  fi
+  if [ -z "$rp" ]; then
+    echo "verbs-vm-tests: \`ringcc perf --backend verbs\` produced no numbers" >&2
     [ "$rc" = 0 ] && rc=1
   fi
 fi
