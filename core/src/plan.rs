@@ -413,38 +413,78 @@ impl Plan {
             Some(root) => ring.index_of(root)?,
             None => RingIndex(0),
         };
-        Ok(Steps {
+        let chain_pos = self.chain_pos(index.0, root_index.0);
+        let chunk0 = self.chunk_at(index.0, 0);
+        let mut steps = Steps {
             plan: *self,
             ring,
             start: range.start,
             end: range.end,
-            index: index.0,
-            root_index: root_index.0,
+            chain_pos,
+            chunk0,
+            chunk: chunk0,
+            spl: self.steps_per_loop(),
+            loop_start: 0,
+            loop_chunk: 0,
             loops,
             loop_index: 0,
             step: 0,
-        })
+        };
+        steps.enter_loop();
+        Ok(steps)
     }
 
-    /// The primitive and chunk of step `s` of a loop at ring index `r`.
-    fn primitive(&self, r: u32, root: u32, s: u32) -> (Primitive, u32) {
+    /// Position of ring index `r` along a rooted collective's chain (0 =
+    /// the chain's first rank); 0 for the ring collectives.
+    fn chain_pos(&self, r: u32, root: u32) -> u32 {
+        let n = self.ranks;
+        let from_root = r
+            .wrapping_add(n)
+            .wrapping_sub(root)
+            .checked_rem(n)
+            .unwrap_or(0);
+        match self.collective {
+            Collective::Broadcast { .. } => from_root,
+            // The Reduce chain starts at the root's successor.
+            Collective::Reduce { .. } => from_root
+                .wrapping_add(n)
+                .wrapping_sub(1)
+                .checked_rem(n)
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The chunk ring index `r` touches at step `s` of a loop: `(r − s − 1)
+    /// mod n` (AllReduce, ReduceScatter), `(r − s) mod n` (AllGather), 0
+    /// for the chains.
+    fn chunk_at(&self, r: u32, s: u32) -> u32 {
+        let (n, r, s) = (u64::from(self.ranks), u64::from(r), u64::from(s));
+        let k = match self.collective {
+            _ if self.ranks == 1 => return 0,
+            Collective::AllReduce | Collective::ReduceScatter => 1,
+            Collective::AllGather => 0,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } => return 0,
+        };
+        // s < 2n: add 3n first, nothing can wrap.
+        let v = r
+            .wrapping_add(n.wrapping_mul(3))
+            .wrapping_sub(s)
+            .wrapping_sub(k);
+        v.checked_rem(n).unwrap_or(0) as u32
+    }
+
+    /// The primitive of step `s` of a loop, for a rank at `chain_pos` along
+    /// a rooted collective's chain. Comparisons only: this runs per step.
+    fn primitive_at(&self, s: u32, chain_pos: u32) -> Primitive {
         let n = self.ranks;
         if n == 1 {
-            return (Primitive::COPY_ONLY, 0);
+            return Primitive::COPY_ONLY;
         }
-        let (n64, r64, s64) = (u64::from(n), u64::from(r), u64::from(s));
-        // (r - s - k) mod n with s < 2n: add 3n first, nothing can wrap.
-        let chunk = |k: u64| {
-            let v = r64
-                .wrapping_add(n64.wrapping_mul(3))
-                .wrapping_sub(s64)
-                .wrapping_sub(k);
-            v.checked_rem(n64).unwrap_or(0) as u32
-        };
         let last = n.wrapping_sub(1);
         match self.collective {
             Collective::AllReduce => {
-                let p = if s == 0 {
+                if s == 0 {
                     Primitive::SEND_ONLY
                 } else if s < last {
                     Primitive::RECV_REDUCE_SEND
@@ -454,61 +494,43 @@ impl Plan {
                     Primitive::RECV_COPY_SEND
                 } else {
                     Primitive::RECV_ONLY
-                };
-                (p, chunk(1))
+                }
             }
             Collective::ReduceScatter => {
-                let p = if s == 0 {
+                if s == 0 {
                     Primitive::SEND_ONLY
                 } else if s < last {
                     Primitive::RECV_REDUCE_SEND
                 } else {
                     Primitive::RECV_REDUCE_COPY
-                };
-                (p, chunk(1))
+                }
             }
             Collective::AllGather => {
-                let p = if s == 0 {
+                if s == 0 {
                     Primitive::COPY_SEND
                 } else if s < last {
                     Primitive::RECV_COPY_SEND
                 } else {
                     Primitive::RECV_ONLY
-                };
-                (p, chunk(0))
+                }
             }
             Collective::Broadcast { .. } => {
-                let pos = r
-                    .wrapping_add(n)
-                    .wrapping_sub(root)
-                    .checked_rem(n)
-                    .unwrap_or(0);
-                let p = if pos == 0 {
+                if chain_pos == 0 {
                     Primitive::COPY_SEND
-                } else if pos < last {
+                } else if chain_pos < last {
                     Primitive::RECV_COPY_SEND
                 } else {
                     Primitive::RECV_ONLY
-                };
-                (p, 0)
+                }
             }
             Collective::Reduce { .. } => {
-                // The chain starts at the root's successor, ends at the root.
-                let pos = r
-                    .wrapping_add(n)
-                    .wrapping_sub(root)
-                    .wrapping_sub(1)
-                    .wrapping_add(n)
-                    .checked_rem(n)
-                    .unwrap_or(0);
-                let p = if pos == 0 {
+                if chain_pos == 0 {
                     Primitive::SEND_ONLY
-                } else if pos < last {
+                } else if chain_pos < last {
                     Primitive::RECV_REDUCE_SEND
                 } else {
                     Primitive::RECV_REDUCE_COPY
-                };
-                (p, 0)
+                }
             }
         }
     }
@@ -521,8 +543,17 @@ pub struct Steps<M> {
     ring: M,
     start: u64,
     end: u64,
-    index: u32,
-    root_index: u32,
+    /// Position along a rooted collective's chain.
+    chain_pos: u32,
+    /// Chunk of step 0 of every loop.
+    chunk0: u32,
+    /// Chunk of the current step (moves back one per step, mod n).
+    chunk: u32,
+    /// Steps per loop.
+    spl: u32,
+    /// The current loop's first element and chunk size.
+    loop_start: u64,
+    loop_chunk: u64,
     loops: u64,
     loop_index: u64,
     step: u32,
@@ -534,54 +565,62 @@ impl<M: RingOrder> Steps<M> {
         &self.plan
     }
 
-    /// The ring index of the rank walking these steps.
-    pub fn ring_index(&self) -> RingIndex {
-        RingIndex(self.index)
-    }
-
     /// Steps not yet yielded.
     pub fn remaining(&self) -> u64 {
-        let per = u64::from(self.plan.steps_per_loop());
+        let per = u64::from(self.spl);
         self.loops
             .saturating_sub(self.loop_index)
             .saturating_mul(per)
             .saturating_sub(u64::from(self.step))
     }
 
+    /// Sets the loop-level values (once per loop, not per step: the
+    /// divisions live here).
+    fn enter_loop(&mut self) {
+        let p = &self.plan;
+        let ls = self
+            .start
+            .saturating_add(self.loop_index.saturating_mul(p.loop_span()))
+            .min(self.end);
+        let rem = self.end.saturating_sub(ls);
+        self.loop_start = ls;
+        self.loop_chunk = match p.collective {
+            // The last loop's chunks shrink to an aligned n-th of the rest.
+            Collective::AllReduce => p
+                .chunk_elems
+                .min(align_up(div_up(rem, u64::from(p.ranks)), p.align_elems)),
+            _ => p.chunk_elems.min(rem),
+        };
+        self.chunk = self.chunk0;
+    }
+
     fn compute(&self) -> Step {
         let p = &self.plan;
-        let (primitive, chunk) = p.primitive(self.index, self.root_index, self.step);
+        let primitive = p.primitive_at(self.step, self.chain_pos);
+        let chunk = self.chunk;
+        let (ls, lc) = (self.loop_start, self.loop_chunk);
         let (input_offset, output_offset, count) = match p.collective {
             Collective::AllReduce => {
-                let n = u64::from(p.ranks);
-                let ls = self
-                    .start
-                    .saturating_add(self.loop_index.saturating_mul(p.loop_span()))
-                    .min(self.end);
-                let rem = self.end.saturating_sub(ls);
-                let lc = p.chunk_elems.min(align_up(div_up(rem, n), p.align_elems));
                 let cs = ls
                     .saturating_add(u64::from(chunk).saturating_mul(lc))
                     .min(self.end);
                 let ce = cs.saturating_add(lc).min(self.end);
                 (cs, cs, ce.saturating_sub(cs))
             }
-            _ => {
-                let off = self
-                    .start
-                    .saturating_add(self.loop_index.saturating_mul(p.chunk_elems))
-                    .min(self.end);
-                let len = p.chunk_elems.min(self.end.saturating_sub(off));
-                let block = |j: u32| -> u64 {
-                    let rank = self.ring.rank_at(RingIndex(j)).map(|r| r.0).unwrap_or(j);
-                    u64::from(rank).saturating_mul(p.count).saturating_add(off)
-                };
-                match p.collective {
-                    Collective::ReduceScatter => (block(chunk), off, len),
-                    Collective::AllGather => (off, block(chunk), len),
-                    _ => (off, off, len),
+            Collective::ReduceScatter | Collective::AllGather => {
+                let rank = self
+                    .ring
+                    .rank_at(RingIndex(chunk))
+                    .map(|r| r.0)
+                    .unwrap_or(chunk);
+                let block = u64::from(rank).saturating_mul(p.count).saturating_add(ls);
+                if p.collective == Collective::ReduceScatter {
+                    (block, ls, lc)
+                } else {
+                    (ls, block, lc)
                 }
             }
+            _ => (ls, ls, lc),
         };
         Step {
             primitive,
@@ -604,9 +643,14 @@ impl<M: RingOrder> Iterator for Steps<M> {
         }
         let step = self.compute();
         self.step = self.step.saturating_add(1);
-        if self.step >= self.plan.steps_per_loop() {
+        self.chunk = match self.chunk.checked_sub(1) {
+            Some(c) => c,
+            None => self.plan.ranks.saturating_sub(1),
+        };
+        if self.step >= self.spl {
             self.step = 0;
             self.loop_index = self.loop_index.saturating_add(1);
+            self.enter_loop();
         }
         Some(step)
     }
