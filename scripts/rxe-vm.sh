@@ -49,10 +49,6 @@ while [ $# -gt 0 ]; do
 done
 WORK=${RXE_VM_WORK:-/var/tmp/rxe-vm}
 mkdir -p "$WORK"
-# A scratch directory of its own unless told, so that VMs started at the
-# same time (other users of this machine) never share one.
-OUT=${RXE_VM_OUT:-$(mktemp -d "$WORK/out.XXXXXX")}
-mkdir -p "$OUT"
 
 need_pkgs=()
 command -v qemu-system-x86_64 >/dev/null || need_pkgs+=(qemu-system-x86)
@@ -105,6 +101,10 @@ INIT
 fi
 [ "$SETUP_ONLY" = 1 ] && { echo "rxe-vm: ready ($KERNEL)"; exit 0; }
 [ $# -gt 0 ] || { echo "usage: rxe-vm.sh [--timeout S] [--mtu B] -- COMMAND..." >&2; exit 2; }
+# A scratch directory of its own unless told, so that VMs started at the
+# same time (other users of this machine) never share one.
+OUT=${RXE_VM_OUT:-$(mktemp -d "$WORK/out.XXXXXX")}
+mkdir -p "$OUT"
 
 # The entry script: load Soft-RoCE (modules by hand: the kernel's own
 # module auto-loading cannot reach modprobe from inside the chroot),
