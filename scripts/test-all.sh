@@ -38,6 +38,10 @@ apt_need=()
 command -v python3 >/dev/null || apt_need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || apt_need+=(python3-pip)
 command -v c++ >/dev/null || apt_need+=(g++)
+# sideway (the verbs backend) builds a small rdma-core shim with cmake and
+# bindgen; the crate builds (and clippy checks it) even without RDMA.
+command -v cmake >/dev/null || apt_need+=(cmake)
+ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || apt_need+=(libclang-dev)
 if [ ${#apt_need[@]} -gt 0 ]; then
     echo "installing ${apt_need[*]}"
     export DEBIAN_FRONTEND=noninteractive
