@@ -424,8 +424,14 @@ impl Plan {
             chunk0,
             chunk: chunk0,
             spl: self.steps_per_loop(),
+            last: self.ranks.saturating_sub(1),
+            two_last: self.ranks.saturating_sub(1).saturating_mul(2),
+            chain_prim: self.primitive_at(0, chain_pos),
             loop_start: 0,
             loop_chunk: 0,
+            chunk_start: 0,
+            chunk_last_start: 0,
+            incremental: true,
             loops,
             loop_index: 0,
             step: 0,
@@ -551,9 +557,19 @@ pub struct Steps<M> {
     chunk: u32,
     /// Steps per loop.
     spl: u32,
+    /// `n − 1` and `2n − 2`: where the primitive table's phases end.
+    last: u32,
+    two_last: u32,
+    /// The chains' one primitive per loop.
+    chain_prim: Primitive,
     /// The current loop's first element and chunk size.
     loop_start: u64,
     loop_chunk: u64,
+    /// AllReduce: where the current chunk starts (before clamping), and
+    /// where chunk `n − 1` starts.
+    chunk_start: u64,
+    chunk_last_start: u64,
+    incremental: bool,
     loops: u64,
     loop_index: u64,
     step: u32,
@@ -592,22 +608,74 @@ impl<M: RingOrder> Steps<M> {
             _ => p.chunk_elems.min(rem),
         };
         self.chunk = self.chunk0;
+        let last_start = u64::from(self.last)
+            .checked_mul(self.loop_chunk)
+            .and_then(|o| ls.checked_add(o));
+        self.incremental = last_start.is_some();
+        self.chunk_last_start = last_start.unwrap_or(u64::MAX);
+        self.chunk_start =
+            ls.saturating_add(u64::from(self.chunk0).saturating_mul(self.loop_chunk));
     }
 
-    fn compute(&self) -> Step {
+    /// Moves to the next loop; false at the end. Kept out of line: it runs
+    /// once per loop, [`next`](Iterator::next) once per step.
+    #[cold]
+    fn next_loop(&mut self) -> bool {
+        if self.loop_index.saturating_add(1) >= self.loops {
+            return false;
+        }
+        self.loop_index = self.loop_index.saturating_add(1);
+        self.step = 0;
+        self.enter_loop();
+        true
+    }
+}
+
+impl<M: RingOrder> Iterator for Steps<M> {
+    type Item = Step;
+
+    #[inline]
+    fn next(&mut self) -> Option<Step> {
+        if self.step >= self.spl && !self.next_loop() {
+            return None;
+        }
         let p = &self.plan;
-        let primitive = p.primitive_at(self.step, self.chain_pos);
+        let s = self.step;
         let chunk = self.chunk;
+        let last = self.last;
         let (ls, lc) = (self.loop_start, self.loop_chunk);
-        let (input_offset, output_offset, count) = match p.collective {
+        let (primitive, input_offset, output_offset, count) = match p.collective {
+            _ if last == 0 => {
+                // One rank: a copy; AllReduce's aligned chunk may overhang.
+                let len = lc.min(self.end.saturating_sub(ls));
+                (Primitive::COPY_ONLY, ls, ls, len)
+            }
             Collective::AllReduce => {
-                let cs = ls
-                    .saturating_add(u64::from(chunk).saturating_mul(lc))
-                    .min(self.end);
+                let prim = if s == 0 {
+                    Primitive::SEND_ONLY
+                } else if s < last {
+                    Primitive::RECV_REDUCE_SEND
+                } else if s == last {
+                    Primitive::RECV_REDUCE_COPY_SEND
+                } else if s < self.two_last {
+                    Primitive::RECV_COPY_SEND
+                } else {
+                    Primitive::RECV_ONLY
+                };
+                // `chunk_start` = ls + chunk · lc, kept incrementally when
+                // the loop's largest offset fits in a u64 (always, but for
+                // buffers at the very end of the address space).
+                let cs = if self.incremental {
+                    self.chunk_start
+                } else {
+                    ls.saturating_add(u64::from(chunk).saturating_mul(lc))
+                }
+                .min(self.end);
                 let ce = cs.saturating_add(lc).min(self.end);
-                (cs, cs, ce.saturating_sub(cs))
+                (prim, cs, cs, ce.saturating_sub(cs))
             }
             Collective::ReduceScatter | Collective::AllGather => {
+                let prim = p.primitive_at(s, self.chain_pos);
                 let rank = self
                     .ring
                     .rank_at(RingIndex(chunk))
@@ -615,42 +683,29 @@ impl<M: RingOrder> Steps<M> {
                     .unwrap_or(chunk);
                 let block = u64::from(rank).saturating_mul(p.count).saturating_add(ls);
                 if p.collective == Collective::ReduceScatter {
-                    (block, ls, lc)
+                    (prim, block, ls, lc)
                 } else {
-                    (ls, block, lc)
+                    (prim, ls, block, lc)
                 }
             }
-            _ => (ls, ls, lc),
+            _ => (self.chain_prim, ls, ls, lc),
         };
-        Step {
+        let step = Step {
             primitive,
             loop_index: self.loop_index,
-            index: self.step,
+            index: s,
             chunk: ChunkId(chunk),
             input_offset,
             output_offset,
             count,
-        }
-    }
-}
-
-impl<M: RingOrder> Iterator for Steps<M> {
-    type Item = Step;
-
-    fn next(&mut self) -> Option<Step> {
-        if self.loop_index >= self.loops {
-            return None;
-        }
-        let step = self.compute();
-        self.step = self.step.saturating_add(1);
-        self.chunk = match self.chunk.checked_sub(1) {
-            Some(c) => c,
-            None => self.plan.ranks.saturating_sub(1),
         };
-        if self.step >= self.spl {
-            self.step = 0;
-            self.loop_index = self.loop_index.saturating_add(1);
-            self.enter_loop();
+        self.step = s.wrapping_add(1);
+        if chunk == 0 {
+            self.chunk = last;
+            self.chunk_start = self.chunk_last_start;
+        } else {
+            self.chunk = chunk.wrapping_sub(1);
+            self.chunk_start = self.chunk_start.saturating_sub(lc);
         }
         Some(step)
     }

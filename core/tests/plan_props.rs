@@ -408,3 +408,84 @@ fn edge_cases_are_defined() {
         .unwrap();
     assert!(last.remaining() > 0);
 }
+
+/// Buffers that end at the very top of the u64 range: every chunk stays in
+/// bounds and the chunks of a loop tile the loop exactly.
+#[test]
+fn chunks_at_the_end_of_the_u64_range() {
+    // One loop per channel (the chunk is as large as it gets); channel 1
+    // ends at u64::MAX, where ls + (n−1)·lc overflows before clamping.
+    for (n, ch) in [(2u32, 0u8), (2, 1), (3, 1), (7, 1), (13, 1)] {
+        let p = Plan::new(
+            Collective::AllReduce,
+            u64::MAX,
+            DataType::U8,
+            n,
+            2,
+            u64::MAX,
+        )
+        .unwrap();
+        let range = p.channel_range(ChannelId(ch)).unwrap();
+        let steps = p
+            .steps(
+                ChannelId(ch),
+                Rank(1),
+                ringcc_core::InOrderRing { ranks: n },
+            )
+            .unwrap();
+        let mut seen: Vec<(u64, u64)> = steps
+            .take(p.steps_per_loop() as usize)
+            .filter(|s| {
+                s.primitive.contains(Primitive::SEND) || s.primitive.contains(Primitive::COPY)
+            })
+            .map(|s| (s.input_offset, s.count))
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for (off, count) in &seen {
+            assert!(
+                *off >= range.start && off.checked_add(*count).is_some_and(|e| e <= range.end),
+                "{off} {count}"
+            );
+        }
+        // Non-empty chunks are contiguous from the loop start.
+        let mut at = range.start;
+        for (off, count) in seen.iter().filter(|(_, c)| *c > 0) {
+            assert_eq!(*off, at, "n {n}");
+            at += count;
+        }
+    }
+}
+
+/// The last loop of a channel that ends at u64::MAX, with a remainder so
+/// small that `loop start + (n−1)·chunk` overflows before clamping: its
+/// chunks still tile the remainder exactly.
+#[test]
+fn last_loop_at_the_top_of_the_u64_range() {
+    let n = 3u32;
+    let probe = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, 16).unwrap();
+    let range = probe.channel_range(ChannelId(1)).unwrap();
+    let len = range.end - range.start;
+    // Two loops: the first takes n·c elements, the second the r left over.
+    let r = (5..5 + u64::from(n))
+        .find(|r| (len - r) % u64::from(n) == 0)
+        .unwrap();
+    let c = (len - r) / u64::from(n);
+    let p = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, c).unwrap();
+    assert_eq!(p.loops(ChannelId(1)).unwrap(), 2);
+    let spl = p.steps_per_loop() as usize;
+    let mut last: Vec<(u64, u64)> = p
+        .steps(ChannelId(1), Rank(0), ringcc_core::InOrderRing { ranks: n })
+        .unwrap()
+        .skip(spl)
+        .map(|s| (s.input_offset, s.count))
+        .collect();
+    last.sort_unstable();
+    last.dedup();
+    let mut at = range.end - r;
+    for (off, count) in last.iter().filter(|(_, c)| *c > 0) {
+        assert_eq!(*off, at);
+        at += count;
+    }
+    assert_eq!(at, range.end);
+}
