@@ -468,7 +468,7 @@ fn last_loop_at_the_top_of_the_u64_range() {
     let len = range.end - range.start;
     // Two loops: the first takes n·c elements, the second the r left over.
     let r = (5..5 + u64::from(n))
-        .find(|r| (len - r) % u64::from(n) == 0)
+        .find(|r| (len - r).is_multiple_of(u64::from(n)))
         .unwrap();
     let c = (len - r) / u64::from(n);
     let p = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, c).unwrap();
