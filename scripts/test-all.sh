@@ -71,6 +71,8 @@ done_stage
 
 stage "3. clippy -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+# The CLI's optional backends (the default build has the simulator and CUDA).
+cargo clippy --locked -p ringcc --all-targets --features verbs -- -D warnings
 cargo clippy --locked --manifest-path nostd-check/Cargo.toml -- -D warnings
 done_stage
 
