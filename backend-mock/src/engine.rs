@@ -1,7 +1,7 @@
 //! The discrete-event engine: a virtual clock in integer picoseconds and a
-//! priority queue of events ordered by (time, sequence number), so that
-//! events at equal times run in the order they were scheduled and a run is
-//! a pure function of its configuration.
+//! priority queue of events ordered by time, and among equal times by the
+//! order they were scheduled in, so that a run is a pure function of its
+//! configuration.
 //!
 //! Every processed event is folded into a word-wise FNV-1a hash of
 //! (time, kind, ids): two runs with the same configuration and seed have
@@ -122,7 +122,6 @@ fn fnv_word(h: u64, w: u64) -> u64 {
 pub(crate) struct Engine {
     heap: Calendar,
     now: Ps,
-    seq: u64,
     processed: u64,
     hash: u64,
 }
@@ -133,7 +132,6 @@ impl Engine {
         Engine {
             heap: Calendar::new(shift.min(40)),
             now: 0,
-            seq: 0,
             processed: 0,
             hash: FNV_OFFSET,
         }
@@ -149,11 +147,7 @@ impl Engine {
     #[inline]
     pub fn at(&mut self, time: Ps, ev: Ev) {
         let time = time.max(self.now);
-        self.seq = self.seq.wrapping_add(1);
-        self.heap.push(Entry {
-            key: u128::from(time) << 64 | u128::from(self.seq),
-            ev,
-        });
+        self.heap.push(Entry { time, ev });
     }
 
     /// Schedules `ev` `delay` after now.
@@ -166,7 +160,7 @@ impl Engine {
     #[inline]
     pub fn pop(&mut self) -> Option<Ev> {
         let e = self.heap.pop()?;
-        let time = (e.key >> 64) as Ps;
+        let time = e.time;
         self.now = time;
         self.processed = self.processed.wrapping_add(1);
         let (kind, a, b) = e.ev.words();

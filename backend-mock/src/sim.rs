@@ -76,11 +76,9 @@ pub(crate) struct Sim {
     pub aborted: Option<Error>,
 }
 
-/// Calendar bucket width: each lane has an event every microsecond or so;
-/// aim at about ten events per bucket, so that the ring's 16 K buckets
-/// reach past a NIC message's doorbell, transfer and latency (measured on
-/// 512 ranks: 20 % faster than a quarter of the width when most hops are
-/// NICs).
+/// Initial calendar bucket width: each lane has an event every
+/// microsecond or so; aim at about ten distinct times per bucket (the
+/// calendar adapts the width from there).
 fn bucket_shift(lanes: usize) -> u32 {
     let width = 32e6 / lanes.max(1) as f64;
     (width.log2().floor() as u32).clamp(8, 30)
