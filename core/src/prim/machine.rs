@@ -363,6 +363,7 @@ impl<M: RingOrder> Machine<M> {
     /// waits for an event (or is done). Fails with the machine's error once
     /// it has failed.
     #[must_use = "actions must be carried out"]
+    #[inline]
     pub fn poll_action(&mut self) -> Result<Option<Action>, Error> {
         match self.phase {
             Phase::Failed(e) => return Err(e),
@@ -372,6 +373,7 @@ impl<M: RingOrder> Machine<M> {
         self.next_action().map_err(|e| self.fail(e))
     }
 
+    #[inline]
     fn next_action(&mut self) -> Result<Option<Action>, Error> {
         if let Some(head) = self.credit.take() {
             return Ok(Some(Action::ReturnCredit { head }));
