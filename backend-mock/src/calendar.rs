@@ -4,13 +4,13 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::engine::{Ev, Ps};
+use crate::engine::{Ev, Packed, Ps};
 
 /// A scheduled event.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
     pub time: Ps,
-    pub ev: Ev,
+    pub ev: Packed,
 }
 
 /// Buckets of the calendar ring (a power of two).
@@ -87,7 +87,7 @@ pub(crate) struct Calendar {
 
 /// An event in the far heap (ordered by the tuple before it only).
 #[derive(Clone, Copy, Debug)]
-struct FarEv(Ev);
+struct FarEv(Packed);
 
 impl PartialEq for FarEv {
     fn eq(&self, _: &Self) -> bool {
@@ -143,35 +143,60 @@ impl Calendar {
         time >> self.shift
     }
 
-    #[inline]
-    pub fn push(&mut self, e: Entry) {
+    /// Always inlined, and the entry passed as scalars (registers) to
+    /// what is not: the common case writes it straight into its block
+    /// instead of building it on the stack and reading it back (a
+    /// store-forwarding stall on every push).
+    #[inline(always)]
+    pub fn push(&mut self, time: Ps, ev: Packed) {
         self.pushes = self.pushes.wrapping_add(1);
-        let b = self.bucket(e.time);
+        let b = self.bucket(time);
         if b <= self.cur {
-            // The bucket being drained (times never go back): after every
-            // entry of the same time, which were pushed before.
-            let i = self.current.partition_point(|x| x.time > e.time);
-            self.current.insert(i, e);
-            self.tally.events += 1;
+            self.push_current(time, ev);
         } else if b - self.cur < RING as u64 {
-            self.append((b as usize) & (RING - 1), e);
+            self.append((b as usize) & (RING - 1), time, ev);
         } else {
-            self.tally.far += 1;
-            self.far.push(Reverse((e.time, self.pushes, FarEv(e.ev))));
+            self.push_far(time, ev);
         }
     }
 
-    /// Appends `e` to ring slot `s`.
-    #[inline]
-    fn append(&mut self, s: usize, e: Entry) {
+    /// An event for the bucket being drained (times never go back): after
+    /// every entry of the same time, which were pushed before.
+    #[inline(never)]
+    fn push_current(&mut self, time: Ps, ev: Packed) {
+        let i = self.current.partition_point(|x| x.time > time);
+        self.current.insert(i, Entry { time, ev });
+        self.tally.events += 1;
+    }
+
+    #[inline(never)]
+    fn push_far(&mut self, time: Ps, ev: Packed) {
+        self.tally.far += 1;
+        self.far.push(Reverse((time, self.pushes, FarEv(ev))));
+    }
+
+    /// Appends an entry to ring slot `s`.
+    #[inline(always)]
+    fn append(&mut self, s: usize, time: Ps, ev: Packed) {
         let (blk, fill) = self.tail[s];
         if blk != NIL && (fill as usize) < BLOCK {
-            self.blocks[blk as usize][fill as usize] = e;
+            let slot = &mut self.blocks[blk as usize][fill as usize];
+            // Field by field, from registers.
+            slot.time = time;
+            slot.ev.w0 = ev.w0;
+            slot.ev.w1 = ev.w1;
             self.tail[s] = (blk, fill + 1);
             return;
         }
+        self.append_block(s, time, ev);
+    }
+
+    /// Appends an entry to ring slot `s` in a new block.
+    #[inline(never)]
+    fn append_block(&mut self, s: usize, time: Ps, ev: Packed) {
+        let (blk, _) = self.tail[s];
         let nb = self.alloc();
-        self.blocks[nb as usize][0] = e;
+        self.blocks[nb as usize][0] = Entry { time, ev };
         if blk == NIL {
             self.head[s] = nb;
             self.bits[s / 64] |= 1 << (s % 64);
@@ -188,7 +213,7 @@ impl Calendar {
                 self.blocks.push(
                     [Entry {
                         time: 0,
-                        ev: Ev::Wake { lane: 0 },
+                        ev: Ev::Wake { lane: 0 }.pack(),
                     }; BLOCK],
                 );
                 self.next.push(NIL);
@@ -268,11 +293,10 @@ impl Calendar {
             let Some(Reverse((time, _, FarEv(ev)))) = self.far.pop() else {
                 break;
             };
-            let e = Entry { time, ev };
             if b == self.cur {
-                self.current.push(e);
+                self.current.push(Entry { time, ev });
             } else {
-                self.append((b as usize) & (RING - 1), e);
+                self.append((b as usize) & (RING - 1), time, ev);
             }
         }
         let s = (self.cur as usize) & (RING - 1);
@@ -309,7 +333,7 @@ impl Calendar {
         self.shift = shift;
         self.cur = all.first().map_or(self.cur, |e| self.bucket(e.time));
         for e in all {
-            self.push(e);
+            self.push(e.time, e.ev);
         }
     }
 
@@ -387,16 +411,12 @@ mod tests {
                         1 => rng.next_u64() % 4,
                         _ => rng.next_u64() % spread,
                     };
-                    let e = Entry {
-                        time: now + dt,
-                        ev: Ev::Wake { lane: id },
-                    };
-                    c.push(e);
-                    model.push(Reverse((e.time, id)));
+                    c.push(now + dt, Ev::Wake { lane: id }.pack());
+                    model.push(Reverse((now + dt, id)));
                     id += 1;
                 }
                 let before = c.shift();
-                let got = c.pop().map(|e| match e.ev {
+                let got = c.pop().map(|e| match e.ev.unpack() {
                     Ev::Wake { lane } => (e.time, lane),
                     _ => unreachable!(),
                 });
@@ -412,7 +432,10 @@ mod tests {
         while let Some(Reverse(want)) = model.pop() {
             let e = c.pop().unwrap();
             assert_eq!(
-                (e.time, matches!(e.ev, Ev::Wake { lane } if lane == want.1)),
+                (
+                    e.time,
+                    matches!(e.ev.unpack(), Ev::Wake { lane } if lane == want.1)
+                ),
                 (want.0, true)
             );
         }
@@ -428,13 +451,10 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            c.push(Entry {
-                time: t,
-                ev: Ev::Wake { lane: i as u32 },
-            });
+            c.push(t, Ev::Wake { lane: i as u32 }.pack());
         }
         let order: Vec<u32> = std::iter::from_fn(|| c.pop())
-            .map(|e| match e.ev {
+            .map(|e| match e.ev.unpack() {
                 Ev::Wake { lane } => lane,
                 _ => unreachable!(),
             })

@@ -7,7 +7,7 @@
 //! (time, kind, ids): two runs with the same configuration and seed have
 //! the same hash; a different interleaving changes it.
 
-use crate::calendar::{Calendar, Entry};
+use crate::calendar::Calendar;
 
 /// Virtual time in picoseconds (2^64 ps is about 213 days).
 pub(crate) type Ps = u64;
@@ -84,7 +84,26 @@ pub(crate) enum Ev {
 }
 
 impl Ev {
-    /// (kind, ids) for the event-log hash.
+    /// Packs the event into two words, as the calendar stores it: from
+    /// registers, with two stores (an enum built on the stack and copied
+    /// would be read back before its byte stores reach the cache: a
+    /// store-forwarding stall on every push).
+    #[inline(always)]
+    pub fn pack(self) -> Packed {
+        let (kind, a, b) = self.words();
+        let xfer = match self {
+            Ev::Tail { xfer, .. } => xfer,
+            _ => 0,
+        };
+        Packed {
+            w0: u64::from(kind) | a << 8,
+            w1: b | u64::from(xfer) << 32,
+        }
+    }
+
+    /// (kind, ids) for the event-log hash (`a` below 2^33, `b` below
+    /// 2^32).
+    #[inline(always)]
     fn words(&self) -> (u8, u64, u64) {
         match *self {
             Ev::ExecDone { lane } => (1, u64::from(lane), 0),
@@ -103,6 +122,56 @@ impl Ev {
             Ev::PortTx { port } => (9, u64::from(port), 0),
             Ev::Packet { frame } => (10, u64::from(frame), 0),
             Ev::QpTimer { qp, rnr } => (11, u64::from(qp), u64::from(rnr)),
+        }
+    }
+}
+
+/// An [`Ev`] packed into two words: `kind | a << 8` and `b | xfer << 32`
+/// of [`Ev::words`] (and a `Tail`'s `xfer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Packed {
+    pub w0: u64,
+    pub w1: u64,
+}
+
+impl Packed {
+    /// (kind, a, b) of [`Ev::words`].
+    #[inline(always)]
+    fn words(self) -> (u8, u64, u64) {
+        (self.w0 as u8, self.w0 >> 8, self.w1 & 0xffff_ffff)
+    }
+
+    /// The event.
+    #[inline(always)]
+    pub fn unpack(self) -> Ev {
+        let (kind, a, b) = self.words();
+        let (lo, b32) = (a as u32, b as u32);
+        match kind {
+            1 => Ev::ExecDone { lane: lo },
+            2 => Ev::Tail {
+                lane: lo,
+                hdr: a >> 32 != 0,
+                xfer: (self.w1 >> 32) as u32,
+                tail: b32,
+            },
+            3 => Ev::Wake { lane: lo },
+            4 => Ev::FlowFail {
+                lane: lo,
+                credit: b != 0,
+            },
+            5 => Ev::Abort {
+                rank: lo,
+                origin: b32,
+            },
+            6 => Ev::Death { rank: lo },
+            7 => Ev::Watchdog { epoch: lo },
+            8 => Ev::Doorbell { qp: lo, upto: b32 },
+            9 => Ev::PortTx { port: lo },
+            10 => Ev::Packet { frame: lo },
+            _ => Ev::QpTimer {
+                qp: lo,
+                rnr: b != 0,
+            },
         }
     }
 }
@@ -144,10 +213,10 @@ impl Engine {
     }
 
     /// Schedules `ev` at `time` (not before now).
-    #[inline]
+    #[inline(always)]
     pub fn at(&mut self, time: Ps, ev: Ev) {
         let time = time.max(self.now);
-        self.heap.push(Entry { time, ev });
+        self.heap.push(time, ev.pack());
     }
 
     /// Schedules `ev` `delay` after now.
@@ -168,14 +237,14 @@ impl Engine {
         h = fnv_word(h, u64::from(kind));
         h = fnv_word(h, a);
         self.hash = fnv_word(h, b);
-        Some(e.ev)
+        Some(e.ev.unpack())
     }
 
     /// The event after the one just popped, when it is already known
     /// (same calendar bucket): a hint for prefetching.
     #[inline]
     pub fn peek(&self) -> Option<Ev> {
-        self.heap.current.last().map(|e| e.ev)
+        self.heap.current.last().map(|e| e.ev.unpack())
     }
 
     /// Events processed so far.
@@ -282,6 +351,46 @@ mod tests {
                 });
                 assert_eq!(got, want);
             }
+        }
+    }
+
+    #[test]
+    fn events_pack_and_unpack() {
+        let m = u32::MAX;
+        for ev in [
+            Ev::ExecDone { lane: m },
+            Ev::Tail {
+                lane: m,
+                hdr: true,
+                xfer: m - 1,
+                tail: m - 2,
+            },
+            Ev::Tail {
+                lane: 7,
+                hdr: false,
+                xfer: NONE,
+                tail: 0,
+            },
+            Ev::Wake { lane: 3 },
+            Ev::FlowFail {
+                lane: m,
+                credit: true,
+            },
+            Ev::FlowFail {
+                lane: 0,
+                credit: false,
+            },
+            Ev::Abort { rank: m, origin: m },
+            Ev::Death { rank: m },
+            Ev::Watchdog { epoch: m },
+            Ev::Doorbell { qp: m, upto: m },
+            Ev::PortTx { port: m },
+            Ev::Packet { frame: m },
+            Ev::QpTimer { qp: m, rnr: true },
+            Ev::QpTimer { qp: 1, rnr: false },
+        ] {
+            assert_eq!(ev.pack().unpack(), ev);
+            assert_eq!(ev.pack().words(), ev.words());
         }
     }
 
