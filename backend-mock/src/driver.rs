@@ -66,7 +66,7 @@ impl Sim {
         for l in 0..self.lanes.len() as u32 {
             let t = self.fab.lanes[l as usize];
             let pred = self.fab.lane(t.channel, t.prev);
-            let m = &mut self.lanes[l as usize].mem;
+            let m = &mut self.cold[l as usize].mem;
             match self.fab.lanes[pred as usize].hop {
                 Hop::Loopback => {}
                 Hop::Nvlink { .. } => m.inbox = self.mem.alloc(t.rank, fifo),
@@ -135,8 +135,8 @@ impl Sim {
         };
         let g = self.cfg.geometry;
         let succ = self.fab.lane(t.channel, t.next);
-        let m = self.lanes[l as usize].mem;
-        let sm = self.lanes[succ as usize].mem;
+        let m = self.cold[l as usize].mem;
+        let sm = self.cold[succ as usize].mem;
         let local = LocalBuf {
             addr: Memory::va(t.rank, m.staging) + span.byte_offset(&g),
             lkey: Lkey(m.staging_key),
@@ -189,7 +189,7 @@ impl Sim {
         let Hop::Net { qp_rx, .. } = self.fab.lanes[pred as usize].hop else {
             return Ok(());
         };
-        let pm = self.lanes[pred as usize].mem;
+        let pm = self.cold[pred as usize].mem;
         let counter = RemoteCounter {
             addr: Memory::va(t.prev, pm.counter),
             rkey: Rkey(pm.counter_key),
@@ -251,10 +251,10 @@ impl Sim {
             return;
         }
         let _ = self.nic.qps[qp as usize].post_recv(wc.wr_id);
-        let m = self.lanes[l as usize].mem;
+        let m = self.cold[l as usize].mem;
         match role {
             Role::Receiver => {
-                let lane = &mut self.lanes[l as usize];
+                let lane = &mut self.cold[l as usize];
                 let Some(tail) = tail_from_completion(&wc, lane.recv_tail) else {
                     return;
                 };

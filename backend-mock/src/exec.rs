@@ -33,14 +33,14 @@ pub(crate) struct Xfer {
 }
 
 impl Sim {
-    pub(crate) fn start_exec(&mut self, l: u32, e: Exec) -> Result<(), Error> {
+    pub(crate) fn start_exec(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
         let now = self.eng.now();
         let t = self.lanes[l as usize].t;
         let elem = self.run.elem[t.rank as usize];
         let bytes = e.count.saturating_mul(elem);
         let p = e.primitive;
         let result = if self.cfg.payload {
-            Some(self.compute(l, &e, bytes as usize)?)
+            Some(self.compute(l, e, bytes as usize)?)
         } else {
             None
         };
@@ -57,7 +57,7 @@ impl Sim {
                 Hop::Nvlink { link } => {
                     let succ = self.fab.lane(t.channel, t.next);
                     if let Some(h) = e.header {
-                        self.lanes[succ as usize].mailbox = Some((span.step, h));
+                        self.cold[succ as usize].mailbox = Some((span.step, h));
                     }
                     let res = &mut self.fab.links[link as usize];
                     let (start, end) = res.reserve(now, bytes);
@@ -78,7 +78,7 @@ impl Sim {
                         let xfer = match result {
                             Some(data) => self.xfers.insert(Xfer {
                                 rank: t.next,
-                                offset: self.lanes[succ as usize].mem.inbox
+                                offset: self.cold[succ as usize].mem.inbox
                                     + span.byte_offset(&self.cfg.geometry) as usize,
                                 data,
                             }),
@@ -97,7 +97,7 @@ impl Sim {
                 }
                 Hop::Net { .. } => {
                     if let Some(data) = result {
-                        let off = self.lanes[l as usize].mem.staging
+                        let off = self.cold[l as usize].mem.staging
                             + span.byte_offset(&self.cfg.geometry) as usize;
                         self.mem.write(t.rank, off, &data);
                     }
@@ -139,8 +139,8 @@ impl Sim {
         };
         let incoming = match e.recv {
             Some(span) => {
-                let off = self.lanes[l as usize].mem.inbox
-                    + span.byte_offset(&self.cfg.geometry) as usize;
+                let off =
+                    self.cold[l as usize].mem.inbox + span.byte_offset(&self.cfg.geometry) as usize;
                 let s = self.mem.read(rank, off, bytes);
                 if s.len() != bytes {
                     return Err(missing("read FIFO slot"));

@@ -81,7 +81,7 @@ impl Sim {
         lane.last_arrival = arrive;
         let succ = self.fab.lane(t.channel, t.next);
         if let Some(h) = e.header {
-            self.lanes[succ as usize].mailbox = Some((span.step, h));
+            self.cold[succ as usize].mailbox = Some((span.step, h));
         }
         self.eng.at(
             arrive,

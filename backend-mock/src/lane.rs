@@ -97,11 +97,12 @@ impl Credits {
     }
 }
 
-/// One (channel, rank).
+/// One (channel, rank): what its events touch.
 ///
 /// `repr(C)` to keep what every event touches (state, flags, topology,
-/// credits) in the first cache lines, ahead of the machine; the rest is
-/// cold. With 16 K lanes, cache misses are most of a large run's cost.
+/// credits) in the first cache lines, ahead of the machine; what they
+/// rarely touch is in [`LaneCold`]. With 16 K lanes, cache misses are most
+/// of a large run's cost.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Lane {
@@ -121,7 +122,18 @@ pub(crate) struct Lane {
     pub t: LaneTopo,
     /// Credits not yet handed to the machine.
     pub credits: Credits,
+    /// Timing-only RDMA out-connection: arrival of the last message, so
+    /// that jitter never reorders a reliable connection.
+    pub last_arrival: Ps,
+    /// Same, for the credits this lane returns.
+    pub last_credit: Ps,
     pub machine: Option<Machine<RingRef>>,
+}
+
+/// The part of a lane its events rarely touch (kept apart: a smaller
+/// [`Lane`] is fewer cache misses).
+#[derive(Debug, Default)]
+pub(crate) struct LaneCold {
     /// Connection counters carried from one collective to the next.
     pub link: LinkState,
     /// A call header the predecessor sent over NVLink (or as a flow),
@@ -130,11 +142,6 @@ pub(crate) struct Lane {
     /// Payload mode, RDMA in-connection: the last `tail` (to widen
     /// immediates).
     pub recv_tail: u64,
-    /// Timing-only RDMA out-connection: arrival of the last message, so
-    /// that jitter never reorders a reliable connection.
-    pub last_arrival: Ps,
-    /// Same, for the credits this lane returns.
-    pub last_credit: Ps,
     pub mem: LaneMem,
 }
 
@@ -143,11 +150,8 @@ impl Lane {
         Lane {
             t,
             machine: None,
-            link: LinkState::default(),
             state: LaneState::Idle,
-            mailbox: None,
             last_progress: 0,
-            recv_tail: 0,
             last_arrival: 0,
             last_credit: 0,
             credits: Credits::default(),
@@ -155,7 +159,6 @@ impl Lane {
             credit_blocked: false,
             final_step: (0, 0),
             in_final: false,
-            mem: LaneMem::default(),
         }
     }
 }
@@ -200,7 +203,7 @@ impl Sim {
                         lane.in_final = true;
                     }
                     lane.credit_blocked = false;
-                    if let Err(err) = self.start_exec(l, e) {
+                    if let Err(err) = self.start_exec(l, &e) {
                         self.fail_lane(l, err);
                     }
                     return;
@@ -283,18 +286,20 @@ impl Sim {
         let Some(m) = lane.machine.as_mut() else {
             return;
         };
-        let exec = m.pending().copied();
+        // Only a slice sent over RDMA needs its exec after it is done.
+        let exec = match lane.t.hop {
+            Hop::Net { .. } => m.pending().filter(|e| e.send.is_some()).copied(),
+            _ => None,
+        };
         if let Err(source) = m.handle_exec_done() {
             let err = self.machine_error(l, "handle_exec_done", source);
             self.fail_lane(l, err);
             return;
         }
-        if let (Some(e), Hop::Net { .. }) = (exec, lane.t.hop) {
-            if e.send.is_some() {
-                if let Err(err) = self.net_send(l, &e) {
-                    self.fail_lane(l, err);
-                    return;
-                }
+        if let Some(e) = exec {
+            if let Err(err) = self.net_send(l, &e) {
+                self.fail_lane(l, err);
+                return;
             }
         }
         self.drive(l);
@@ -305,10 +310,14 @@ impl Sim {
         if xfer != crate::engine::NONE {
             self.land(xfer);
         }
-        let lane = &mut self.lanes[l as usize];
-        let header = if hdr { lane.mailbox.take() } else { None };
+        let header = if hdr {
+            self.cold[l as usize].mailbox.take()
+        } else {
+            None
+        };
         // Events carry the low 32 bits of the step counter; a connection's
         // tails arrive in order and never move by 2^32 at once.
+        let lane = &self.lanes[l as usize];
         let known = lane.machine.as_ref().map_or(0, |m| m.link().recv_tail);
         self.deliver_tail(l, header, widen_step(tail, known));
     }

@@ -21,7 +21,7 @@ use crate::exec::Xfer;
 use crate::fabric::{Fabric, Hop, RingRef};
 use crate::faults::FaultState;
 use crate::flow::give_up_after;
-use crate::lane::{Lane, LaneState};
+use crate::lane::{Lane, LaneCold, LaneState};
 use crate::memory::Memory;
 use crate::pcap::Capture;
 use crate::report::{BufLayout, Call, LinkStats, RankBuffers, RunReport, Stats};
@@ -55,6 +55,8 @@ pub(crate) struct Sim {
     pub fab: Fabric,
     pub eng: Engine,
     pub lanes: Vec<Lane>,
+    /// What events rarely touch, per lane.
+    pub cold: Vec<LaneCold>,
     pub ranks: Vec<RankState>,
     pub run: RunCtx,
     pub mem: Memory,
@@ -128,6 +130,7 @@ impl Sim {
             eng: Engine::new(bucket_shift(lanes_len)),
             seq: 0,
             aborted: None,
+            cold: (0..lanes_len).map(|_| LaneCold::default()).collect(),
             lanes,
             fab,
             cfg,
@@ -244,7 +247,7 @@ impl Sim {
             self.check_buffers(calls, buffers, in_place)?;
         }
         let mut machines = Vec::with_capacity(self.lanes.len());
-        for (t, lane) in self.fab.lanes.iter().zip(&self.lanes) {
+        for (t, lane) in self.fab.lanes.iter().zip(&self.cold) {
             let (c, r) = (t.channel, t.rank);
             let ring: &RingRef = &self.fab.rings[c as usize];
             let call = calls[r as usize];
@@ -282,9 +285,9 @@ impl Sim {
             let plan = &plans[t.rank as usize];
             let loops = plan.loops(ChannelId(t.channel as u8)).unwrap_or(1);
             let dead = self.ranks[t.rank as usize].died.is_some();
+            self.cold[l].mailbox = None;
             let lane = &mut self.lanes[l];
             lane.machine = Some(m);
-            lane.mailbox = None;
             lane.credits = Default::default();
             lane.wake = false;
             lane.credit_blocked = false;
@@ -351,6 +354,7 @@ impl Sim {
         }
     }
 
+    #[inline(always)]
     fn dispatch(&mut self, ev: Ev) {
         match ev {
             Ev::ExecDone { lane } => self.on_exec_done(lane),
@@ -400,9 +404,9 @@ impl Sim {
                 Ok(())
             });
         }
-        for lane in &mut self.lanes {
+        for (lane, cold) in self.lanes.iter_mut().zip(&mut self.cold) {
             if let Some(m) = lane.machine.take() {
-                lane.link = m.link();
+                cold.link = m.link();
             }
             lane.state = LaneState::Idle;
         }
