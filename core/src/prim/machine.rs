@@ -385,7 +385,13 @@ impl<M: RingOrder> Machine<M> {
             match self.steps.next() {
                 Some(step) => {
                     let bytes = step.count.saturating_mul(self.elem);
-                    self.slices = div_up(bytes, self.slice_elems.saturating_mul(self.elem)).max(1);
+                    let slice_bytes = self.slice_elems.saturating_mul(self.elem);
+                    // Most steps fit in one slice: no division for them.
+                    self.slices = if bytes <= slice_bytes {
+                        1
+                    } else {
+                        div_up(bytes, slice_bytes).max(1)
+                    };
                     self.slice = 0;
                     self.current = Some(step);
                 }
