@@ -36,6 +36,20 @@ fn steps(c: &mut Criterion) {
             black_box(acc)
         })
     });
+    // The same number of iterations of a loop that only advances an
+    // offset and folds it in: the floor any step iterator sits on, measured
+    // in the same run so the ratio survives a noisy machine.
+    g.bench_function("reference_loop_same_count", |b| {
+        b.iter(|| {
+            let mut acc = 0u64;
+            let mut off = 0u64;
+            for i in 0..black_box(total) {
+                off = off.wrapping_add(black_box(1 << 14));
+                acc = acc.wrapping_add(off ^ i);
+            }
+            black_box(acc)
+        })
+    });
     let rs = Plan::new(
         Collective::ReduceScatter,
         1 << 18,

@@ -432,6 +432,7 @@ impl Plan {
             chunk_start: 0,
             chunk_last_start: 0,
             incremental: true,
+            fast: false,
             loops,
             loop_index: 0,
             step: 0,
@@ -570,6 +571,9 @@ pub struct Steps<M> {
     chunk_start: u64,
     chunk_last_start: u64,
     incremental: bool,
+    /// AllReduce over 2+ ranks with incremental offsets: the common case,
+    /// which [`next`](Iterator::next) takes without the general match.
+    fast: bool,
     loops: u64,
     loop_index: u64,
     step: u32,
@@ -612,6 +616,7 @@ impl<M: RingOrder> Steps<M> {
             .checked_mul(self.loop_chunk)
             .and_then(|o| ls.checked_add(o));
         self.incremental = last_start.is_some();
+        self.fast = self.incremental && p.collective == Collective::AllReduce && self.last > 0;
         self.chunk_last_start = last_start.unwrap_or(u64::MAX);
         self.chunk_start =
             ls.saturating_add(u64::from(self.chunk0).saturating_mul(self.loop_chunk));
@@ -631,6 +636,18 @@ impl<M: RingOrder> Steps<M> {
     }
 }
 
+/// AllReduce's primitive from the phase bits of [`Steps::next`].
+#[inline(always)]
+fn allreduce_primitive(phase: u8) -> Primitive {
+    match phase {
+        0 => Primitive::SEND_ONLY,
+        1 => Primitive::RECV_REDUCE_SEND,
+        3 => Primitive::RECV_REDUCE_COPY_SEND,
+        7 => Primitive::RECV_COPY_SEND,
+        _ => Primitive::RECV_ONLY,
+    }
+}
+
 impl<M: RingOrder> Iterator for Steps<M> {
     type Item = Step;
 
@@ -639,11 +656,62 @@ impl<M: RingOrder> Iterator for Steps<M> {
         if self.step >= self.spl && !self.next_loop() {
             return None;
         }
-        let p = &self.plan;
         let s = self.step;
         let chunk = self.chunk;
         let last = self.last;
+        let lc = self.loop_chunk;
+        if self.fast {
+            // The primitive table's phase as bits, without branches: 0
+            // send, 1 recvReduceSend, 3 recvReduceCopySend, 7 recvCopySend,
+            // 15 recv.
+            let phase = u8::from(s != 0)
+                | (u8::from(s >= last) << 1)
+                | (u8::from(s > last) << 2)
+                | (u8::from(s >= self.two_last) << 3);
+            let cs = self.chunk_start.min(self.end);
+            let ce = cs.saturating_add(lc).min(self.end);
+            let step = Step {
+                primitive: allreduce_primitive(phase),
+                loop_index: self.loop_index,
+                index: s,
+                chunk: ChunkId(chunk),
+                input_offset: cs,
+                output_offset: cs,
+                count: ce.saturating_sub(cs),
+            };
+            self.step = s.wrapping_add(1);
+            if chunk == 0 {
+                self.chunk = last;
+                self.chunk_start = self.chunk_last_start;
+            } else {
+                self.chunk = chunk.wrapping_sub(1);
+                // Exact: `incremental` means ls + chunk · lc did not
+                // overflow, so chunk_start >= chunk · lc >= lc.
+                self.chunk_start = self.chunk_start.wrapping_sub(lc);
+            }
+            return Some(step);
+        }
+        self.next_general(s, chunk)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let r = self.remaining();
+        match usize::try_from(r) {
+            Ok(r) => (r, Some(r)),
+            Err(_) => (usize::MAX, None),
+        }
+    }
+}
+
+impl<M: RingOrder> Steps<M> {
+    /// Every other case of [`next`](Iterator::next): one rank, the other
+    /// collectives, offsets near the top of the u64 range. Out of line, so
+    /// that `next` stays small enough to inline into its callers.
+    #[inline(never)]
+    fn next_general(&mut self, s: u32, chunk: u32) -> Option<Step> {
+        let last = self.last;
         let (ls, lc) = (self.loop_start, self.loop_chunk);
+        let p = &self.plan;
         let (primitive, input_offset, output_offset, count) = match p.collective {
             _ if last == 0 => {
                 // One rank: a copy; AllReduce's aligned chunk may overhang.
@@ -708,13 +776,5 @@ impl<M: RingOrder> Iterator for Steps<M> {
             self.chunk_start = self.chunk_start.saturating_sub(lc);
         }
         Some(step)
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let r = self.remaining();
-        match usize::try_from(r) {
-            Ok(r) => (r, Some(r)),
-            Err(_) => (usize::MAX, None),
-        }
     }
 }
