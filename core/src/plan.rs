@@ -679,16 +679,7 @@ impl<M: RingOrder> Iterator for Steps<M> {
                 output_offset: cs,
                 count: ce.saturating_sub(cs),
             };
-            self.step = s.wrapping_add(1);
-            if chunk == 0 {
-                self.chunk = last;
-                self.chunk_start = self.chunk_last_start;
-            } else {
-                self.chunk = chunk.wrapping_sub(1);
-                // Exact: `incremental` means ls + chunk · lc did not
-                // overflow, so chunk_start >= chunk · lc >= lc.
-                self.chunk_start = self.chunk_start.wrapping_sub(lc);
-            }
+            self.advance(s, chunk);
             return Some(step);
         }
         self.next_general(s, chunk)
@@ -767,14 +758,23 @@ impl<M: RingOrder> Steps<M> {
             output_offset,
             count,
         };
+        self.advance(s, chunk);
+        Some(step)
+    }
+
+    /// After step `s` on `chunk`: the next step, whose chunk is one back
+    /// (mod n) and starts one loop chunk earlier.
+    #[inline(always)]
+    fn advance(&mut self, s: u32, chunk: u32) {
         self.step = s.wrapping_add(1);
         if chunk == 0 {
-            self.chunk = last;
+            self.chunk = self.last;
             self.chunk_start = self.chunk_last_start;
         } else {
             self.chunk = chunk.wrapping_sub(1);
-            self.chunk_start = self.chunk_start.saturating_sub(lc);
+            // Exact when `incremental` (ls + chunk · lc did not overflow, so
+            // chunk_start >= lc); unused otherwise.
+            self.chunk_start = self.chunk_start.saturating_sub(self.loop_chunk);
         }
-        Some(step)
     }
 }
