@@ -773,8 +773,10 @@ impl<M: RingOrder> Steps<M> {
         } else {
             self.chunk = chunk.wrapping_sub(1);
             // Exact when `incremental` (ls + chunk · lc did not overflow, so
-            // chunk_start >= lc); unused otherwise.
-            self.chunk_start = self.chunk_start.saturating_sub(self.loop_chunk);
+            // chunk_start >= lc); unused otherwise. Not saturating: a
+            // compare and select here would lengthen the one dependency
+            // chain that runs through every step.
+            self.chunk_start = self.chunk_start.wrapping_sub(self.loop_chunk);
         }
     }
 }
