@@ -433,6 +433,9 @@ impl Plan {
             chunk_last_start: 0,
             incremental: true,
             fast: false,
+            unclipped: false,
+            prim: Primitive::SEND_ONLY,
+            phase_next: 0,
             loops,
             loop_index: 0,
             step: 0,
@@ -574,6 +577,13 @@ pub struct Steps<M> {
     /// AllReduce over 2+ ranks with incremental offsets: the common case,
     /// which [`next`](Iterator::next) takes without the general match.
     fast: bool,
+    /// Fast path: every chunk of this loop lies wholly inside the range
+    /// (no clamping at `end`).
+    unclipped: bool,
+    /// Fast path: the primitive of the current phase of the table, and the
+    /// step at which the next phase begins.
+    prim: Primitive,
+    phase_next: u32,
     loops: u64,
     loop_index: u64,
     step: u32,
@@ -596,6 +606,7 @@ impl<M: RingOrder> Steps<M> {
 
     /// Sets the loop-level values (once per loop, not per step: the
     /// divisions live here).
+    #[inline]
     fn enter_loop(&mut self) {
         let p = &self.plan;
         let ls = self
@@ -618,14 +629,19 @@ impl<M: RingOrder> Steps<M> {
         self.incremental = last_start.is_some();
         self.fast = self.incremental && p.collective == Collective::AllReduce && self.last > 0;
         self.chunk_last_start = last_start.unwrap_or(u64::MAX);
+        self.unclipped = last_start
+            .and_then(|l| l.checked_add(self.loop_chunk))
+            .is_some_and(|e| e <= self.end);
+        self.phase_next = 0;
         self.chunk_start =
             ls.saturating_add(u64::from(self.chunk0).saturating_mul(self.loop_chunk));
     }
 
     /// Moves to the next loop; false at the end. Kept out of line: it runs
     /// once per loop, [`next`](Iterator::next) once per step.
-    #[cold]
+    #[inline(always)]
     fn next_loop(&mut self) -> bool {
+        cold_path();
         if self.loop_index.saturating_add(1) >= self.loops {
             return false;
         }
@@ -636,48 +652,41 @@ impl<M: RingOrder> Steps<M> {
     }
 }
 
-/// AllReduce's primitive from the phase bits of [`Steps::next`].
-#[inline(always)]
-fn allreduce_primitive(phase: u8) -> Primitive {
-    match phase {
-        0 => Primitive::SEND_ONLY,
-        1 => Primitive::RECV_REDUCE_SEND,
-        3 => Primitive::RECV_REDUCE_COPY_SEND,
-        7 => Primitive::RECV_COPY_SEND,
-        _ => Primitive::RECV_ONLY,
-    }
-}
+/// Marks the branch that calls it as unlikely.
+#[cold]
+#[inline(never)]
+fn cold_path() {}
 
 impl<M: RingOrder> Iterator for Steps<M> {
     type Item = Step;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Step> {
         if self.step >= self.spl && !self.next_loop() {
             return None;
         }
         let s = self.step;
         let chunk = self.chunk;
-        let last = self.last;
         let lc = self.loop_chunk;
         if self.fast {
-            // The primitive table's phase as bits, without branches: 0
-            // send, 1 recvReduceSend, 3 recvReduceCopySend, 7 recvCopySend,
-            // 15 recv.
-            let phase = u8::from(s != 0)
-                | (u8::from(s >= last) << 1)
-                | (u8::from(s > last) << 2)
-                | (u8::from(s >= self.two_last) << 3);
-            let cs = self.chunk_start.min(self.end);
-            let ce = cs.saturating_add(lc).min(self.end);
+            if s >= self.phase_next {
+                self.enter_phase(s);
+            }
+            let (cs, count) = if self.unclipped {
+                (self.chunk_start, lc)
+            } else {
+                let cs = self.chunk_start.min(self.end);
+                let ce = cs.saturating_add(lc).min(self.end);
+                (cs, ce.saturating_sub(cs))
+            };
             let step = Step {
-                primitive: allreduce_primitive(phase),
+                primitive: self.prim,
                 loop_index: self.loop_index,
                 index: s,
                 chunk: ChunkId(chunk),
                 input_offset: cs,
                 output_offset: cs,
-                count: ce.saturating_sub(cs),
+                count,
             };
             self.advance(s, chunk);
             return Some(step);
@@ -698,8 +707,9 @@ impl<M: RingOrder> Steps<M> {
     /// Every other case of [`next`](Iterator::next): one rank, the other
     /// collectives, offsets near the top of the u64 range. Out of line, so
     /// that `next` stays small enough to inline into its callers.
-    #[inline(never)]
+    #[inline(always)]
     fn next_general(&mut self, s: u32, chunk: u32) -> Option<Step> {
+        cold_path();
         let last = self.last;
         let (ls, lc) = (self.loop_start, self.loop_chunk);
         let p = &self.plan;
@@ -760,6 +770,28 @@ impl<M: RingOrder> Steps<M> {
         };
         self.advance(s, chunk);
         Some(step)
+    }
+
+    /// Fast path, at the first step `s` of a phase of AllReduce's table
+    /// (five times a loop): its primitive and where the next phase begins.
+    /// Empty phases (n = 2 has no recvReduceSend or recvCopySend) are
+    /// skipped because the next boundary is computed from `s` itself.
+    #[inline(always)]
+    fn enter_phase(&mut self, s: u32) {
+        let (last, two_last) = (self.last, self.two_last);
+        let (prim, next) = if s == 0 {
+            (Primitive::SEND_ONLY, 1)
+        } else if s < last {
+            (Primitive::RECV_REDUCE_SEND, last)
+        } else if s == last {
+            (Primitive::RECV_REDUCE_COPY_SEND, last.saturating_add(1))
+        } else if s < two_last {
+            (Primitive::RECV_COPY_SEND, two_last)
+        } else {
+            (Primitive::RECV_ONLY, u32::MAX)
+        };
+        self.prim = prim;
+        self.phase_next = next;
     }
 
     /// After step `s` on `chunk`: the next step, whose chunk is one back
