@@ -436,6 +436,7 @@ impl Plan {
             unclipped: false,
             prim: Primitive::SEND_ONLY,
             phase_next: 0,
+            run_end: 0,
             loops,
             loop_index: 0,
             step: 0,
@@ -584,6 +585,9 @@ pub struct Steps<M> {
     /// step at which the next phase begins.
     prim: Primitive,
     phase_next: u32,
+    /// Steps below this take the hot path of [`next`](Iterator::next)
+    /// (0: none do, until the slow path has set up the phase).
+    run_end: u32,
     loops: u64,
     loop_index: u64,
     step: u32,
@@ -633,6 +637,7 @@ impl<M: RingOrder> Steps<M> {
             .and_then(|l| l.checked_add(self.loop_chunk))
             .is_some_and(|e| e <= self.end);
         self.phase_next = 0;
+        self.run_end = 0;
         self.chunk_start =
             ls.saturating_add(u64::from(self.chunk0).saturating_mul(self.loop_chunk));
     }
@@ -662,36 +667,24 @@ impl<M: RingOrder> Iterator for Steps<M> {
 
     #[inline(always)]
     fn next(&mut self) -> Option<Step> {
-        if self.step >= self.spl && !self.next_loop() {
-            return None;
-        }
         let s = self.step;
-        let chunk = self.chunk;
-        let lc = self.loop_chunk;
-        if self.fast {
-            if s >= self.phase_next {
-                self.enter_phase(s);
-            }
-            let (cs, count) = if self.unclipped {
-                (self.chunk_start, lc)
-            } else {
-                let cs = self.chunk_start.min(self.end);
-                let ce = cs.saturating_add(lc).min(self.end);
-                (cs, ce.saturating_sub(cs))
-            };
+        if s < self.run_end {
+            // The hot path: AllReduce, inside one phase of the table, every
+            // chunk of the loop wholly in range. One compare per step.
+            let chunk = self.chunk;
             let step = Step {
                 primitive: self.prim,
                 loop_index: self.loop_index,
                 index: s,
                 chunk: ChunkId(chunk),
-                input_offset: cs,
-                output_offset: cs,
-                count,
+                input_offset: self.chunk_start,
+                output_offset: self.chunk_start,
+                count: self.loop_chunk,
             };
             self.advance(s, chunk);
             return Some(step);
         }
-        self.next_general(s, chunk)
+        self.next_slow()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -704,6 +697,45 @@ impl<M: RingOrder> Iterator for Steps<M> {
 }
 
 impl<M: RingOrder> Steps<M> {
+    /// [`next`](Iterator::next) off its hot path: a new loop or phase, the
+    /// end, clamped chunks, and every other case.
+    #[inline(always)]
+    fn next_slow(&mut self) -> Option<Step> {
+        cold_path();
+        if self.step >= self.spl && !self.next_loop() {
+            return None;
+        }
+        let s = self.step;
+        let chunk = self.chunk;
+        if !self.fast {
+            return self.next_general(s, chunk);
+        }
+        if s >= self.phase_next {
+            self.enter_phase(s);
+        }
+        let lc = self.loop_chunk;
+        let (cs, count) = if self.unclipped {
+            // The next steps of this phase take the hot path.
+            self.run_end = self.phase_next.min(self.spl);
+            (self.chunk_start, lc)
+        } else {
+            let cs = self.chunk_start.min(self.end);
+            let ce = cs.saturating_add(lc).min(self.end);
+            (cs, ce.saturating_sub(cs))
+        };
+        let step = Step {
+            primitive: self.prim,
+            loop_index: self.loop_index,
+            index: s,
+            chunk: ChunkId(chunk),
+            input_offset: cs,
+            output_offset: cs,
+            count,
+        };
+        self.advance(s, chunk);
+        Some(step)
+    }
+
     /// Every other case of [`next`](Iterator::next): one rank, the other
     /// collectives, offsets near the top of the u64 range. Out of line, so
     /// that `next` stays small enough to inline into its callers.
