@@ -14,8 +14,9 @@
 #
 # Environment: CARGO_TARGET_DIR (default target/), RXE_VM_TIMEOUT (s, 1200),
 # VERBS_BENCH_BYTES (16777216), VERBS_BENCH_ITERS (ringcc, 5),
-# IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3). Needs root for
-# apt-get when packages are missing (cmake and libclang-dev for the build;
+# IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3); RINGCC_SLOT_BYTES,
+# RINGCC_SLOTS_PER_SLICE and RINGCC_CHUNK_BYTES pass through to the ranks.
+# Needs root for apt-get when packages are missing (cmake and libclang-dev for the build;
 # the VM's own list in scripts/rxe-vm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +88,10 @@ ROUNDS=${VERBS_BENCH_ROUNDS:-3}
   printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q\n' \
     "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH"
   printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
+  # FIFO geometry overrides for experiments reach the ranks in the VM.
+  for v in RINGCC_SLOT_BYTES RINGCC_SLOTS_PER_SLICE RINGCC_CHUNK_BYTES; do
+    [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+  done
   cat <<'VM'
 export RINGCC_VERBS_RANK_BIN=$RANK_BIN
 trc=0
@@ -127,12 +132,12 @@ if [ "$RUN_BENCH" = 1 ]; then
     [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
-  perf() { # perf NAME CHANNELS: 2-rank `ringcc perf allreduce --backend verbs`
-    local name=$1 port=$(( 20000 + RANDOM % 10000 )) v r
+  perf() { # perf NAME CHANNELS [COLLECTIVE]: 2-rank `ringcc perf COLLECTIVE --backend verbs`
+    local name=$1 port=$(( 20000 + RANDOM % 10000 )) coll=${3:-allreduce} v r
     rm -f "$OUT/$name.json"
     for r in 0 1; do
       RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
-        RINGCC_NCHANNELS=$2 timeout 600 "$PERF_BIN" perf allreduce --backend verbs \
+        RINGCC_NCHANNELS=$2 timeout 600 "$PERF_BIN" perf "$coll" --backend verbs \
         -b "$BYTES" -e "$BYTES" -n "$ITERS" -w 1 -J "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
     wait
@@ -149,6 +154,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     ringcc ringcc-c1 1
     ringcc ringcc-c2 2
     [ -n "$PERF_BIN" ] && perf perf-c2 2
+    # One direction only (root 0 to rank 1): the transport's share of
+    # ib_write_bw without the reduction or the reverse direction.
+    [ -n "$PERF_BIN" ] && perf bcast-c2 2 broadcast
   done
 fi
 exit $trc
@@ -170,7 +178,7 @@ ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a faile
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
-  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2; do touch "$O/$f.MBps.txt"; done
+  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2; do touch "$O/$f.MBps.txt"; done
   uni=$(median < "$O/ibw-uni.MBps.txt")
   bi=$(median < "$O/ibw-bi.MBps.txt")
   c1=$(median < "$O/ringcc-c1.MBps.txt")
@@ -178,6 +186,8 @@ if [ "$RUN_BENCH" = 1 ]; then
   p2=$(median < "$O/perf-c2.MBps.txt")
   rp=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   bp=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
+  bc=$(median < "$O/bcast-c2.MBps.txt")
+  rb=$(ratios "$O/bcast-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   # An AllReduce rank sends and receives at once: its busbw (bytes sent
@@ -191,8 +201,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "#   ib_write_bw -s $BYTES -n $IBW_ITERS: unidirectional; -b: both directions, summed"
     echo "#   ringcc AllReduce f32 sum, 2 ranks, busbw over $ITERS iterations, 1 and 2 channels"
     echo "#   (verbs_rank bench), and \`ringcc perf allreduce --backend verbs\` with 2 channels"
-    echo "#   (its avg_busbw: out-of-place and in-place columns)"
-    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2; do
+    echo "#   (its avg_busbw: out-of-place and in-place columns), and \`ringcc perf broadcast\`"
+    echo "#   (one direction, no reduction: the transport alone)"
+    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
     echo "ib_write_bw_MBps=${uni:-?}"
@@ -206,6 +217,8 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ratio_2ch_vs_ib_write_bw_bidir_per_direction=${b2:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw=${rp:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw_bidir_per_direction=${bp:-?}"
+    echo "ringcc_perf_broadcast_busbw_2ch_MBps=${bc:-?}"
+    echo "ratio_perf_broadcast_2ch_vs_ib_write_bw=${rb:-?}"
   } > "$TARGET/verbs-bench.txt"
   cat "$TARGET/verbs-bench.txt"
   if [ -z "$r1" ] && [ -z "$r2" ]; then

@@ -88,9 +88,11 @@ pub struct TopoArgs {
     /// Let rings leave a node through another NIC than they entered.
     #[arg(long)]
     pub cross_nic: bool,
-    /// Chunk size in bytes (K/M/G suffixes); NCCL's is 2M.
-    #[arg(long, value_parser = parse_size, default_value = "2M")]
-    pub chunk_bytes: u64,
+    /// Chunk size in bytes (K/M/G suffixes). Default: NCCL's 2M on the
+    /// simulator and CUDA; on verbs, two slices of its FIFO geometry
+    /// (`RINGCC_SLOT_BYTES`, `RINGCC_SLOTS_PER_SLICE`, `RINGCC_CHUNK_BYTES`).
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_bytes: Option<u64>,
     /// NVLink bandwidth of the simulator, GB/s.
     #[arg(long, default_value_t = 300.0)]
     pub nvlink_gbps: f64,
@@ -99,10 +101,18 @@ pub struct TopoArgs {
     pub nic_gbits: f64,
 }
 
+/// NCCL's chunk size.
+pub const DEFAULT_CHUNK_BYTES: u64 = 2 << 20;
+
 impl TopoArgs {
     /// Total ranks.
     pub fn ranks(&self) -> u64 {
         u64::from(self.nodes) * u64::from(self.gpus_per_node)
+    }
+
+    /// Chunk size: `--chunk-bytes`, or NCCL's 2 MiB.
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES)
     }
 
     /// Channels to use.
@@ -309,5 +319,20 @@ mod tests {
             (p.minbytes, p.maxbytes, p.stepfactor, p.dtype),
             (8, 128 << 20, Some(2), DataType::Bf16)
         );
+        // No --chunk-bytes: NCCL's chunk, and "not given" for the verbs
+        // backend, whose chunk then follows its FIFO geometry.
+        assert_eq!(p.topo.chunk_bytes, None);
+        assert_eq!(p.topo.chunk_bytes(), 2 << 20);
+    }
+
+    #[test]
+    fn chunk_bytes_given() {
+        let cli =
+            Cli::try_parse_from(["ringcc", "perf", "allreduce", "--chunk-bytes", "512K"]).unwrap();
+        let Command::Perf(p) = cli.command else {
+            panic!()
+        };
+        assert_eq!(p.topo.chunk_bytes, Some(512 << 10));
+        assert_eq!(p.topo.chunk_bytes(), 512 << 10);
     }
 }

@@ -51,7 +51,7 @@ pub fn explain(a: &ExplainArgs) -> Result<String, CliError> {
     };
     let count = a.count.unwrap_or(per_loop_chunks * u64::from(channels));
     let chunk_bytes = if a.count.is_some() {
-        shape.chunk_bytes
+        shape.chunk_bytes()
     } else {
         elem
     };

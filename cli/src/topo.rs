@@ -52,7 +52,7 @@ pub fn check(s: &Shape) -> Result<(), CliError> {
     if c == 0 || c > 64 {
         return Err(CliError::usage(format!("--channels {c}: must be 1..=64")));
     }
-    if s.chunk_bytes == 0 {
+    if s.chunk_bytes() == 0 {
         return Err(CliError::usage("--chunk-bytes must be at least 1"));
     }
     if !(s.nvlink_gbps.is_finite()

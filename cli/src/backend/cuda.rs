@@ -38,7 +38,7 @@ impl CudaBackend {
             u8::try_from(t.channels()).map_err(|_| CliError::usage("too many channels"))?;
         let config = Config {
             channels,
-            chunk_bytes: t.chunk_bytes,
+            chunk_bytes: t.chunk_bytes(),
             ..Config::default()
         };
         let comm = Comm::init_all(&ordinals, config).map_err(failed)?;

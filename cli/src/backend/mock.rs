@@ -32,7 +32,7 @@ pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
         nics_per_node: t.nics_per_node,
         cross_nic: t.cross_nic,
         channels: t.channels(),
-        chunk_bytes: t.chunk_bytes,
+        chunk_bytes: t.chunk_bytes(),
         nvlink: Link {
             bandwidth: t.nvlink_gbps * 1e9,
             ..Link::NVLINK

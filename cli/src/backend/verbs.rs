@@ -32,7 +32,11 @@ impl VerbsBackend {
         if let Some(c) = t.channels {
             config.channels = c;
         }
-        config.chunk_bytes = t.chunk_bytes;
+        // Without --chunk-bytes, the chunk follows the FIFO geometry the
+        // environment chose (`Config::from_env`).
+        if let Some(c) = t.chunk_bytes {
+            config.chunk_bytes = c;
+        }
         config.cross_nic = t.cross_nic;
         let (channels, chunk_bytes) = (config.channels, config.chunk_bytes);
         let launch = ringcc_verbs::Launch::from_env().map_err(failed)?;
