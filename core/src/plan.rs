@@ -671,18 +671,8 @@ impl<M: RingOrder> Iterator for Steps<M> {
         if s < self.run_end {
             // The hot path: AllReduce, inside one phase of the table, every
             // chunk of the loop wholly in range. One compare per step.
-            let chunk = self.chunk;
-            let step = Step {
-                primitive: self.prim,
-                loop_index: self.loop_index,
-                index: s,
-                chunk: ChunkId(chunk),
-                input_offset: self.chunk_start,
-                output_offset: self.chunk_start,
-                count: self.loop_chunk,
-            };
-            self.advance(s, chunk);
-            return Some(step);
+            let cs = self.chunk_start;
+            return self.emit(s, self.prim, cs, cs, self.loop_chunk);
         }
         self.next_slow()
     }
@@ -723,22 +713,13 @@ impl<M: RingOrder> Steps<M> {
             let ce = cs.saturating_add(lc).min(self.end);
             (cs, ce.saturating_sub(cs))
         };
-        let step = Step {
-            primitive: self.prim,
-            loop_index: self.loop_index,
-            index: s,
-            chunk: ChunkId(chunk),
-            input_offset: cs,
-            output_offset: cs,
-            count,
-        };
-        self.advance(s, chunk);
-        Some(step)
+        self.emit(s, self.prim, cs, cs, count)
     }
 
     /// Every other case of [`next`](Iterator::next): one rank, the other
-    /// collectives, offsets near the top of the u64 range. Out of line, so
-    /// that `next` stays small enough to inline into its callers.
+    /// collectives, offsets near the top of the u64 range. Inlined behind
+    /// [`next_slow`](Steps::next_slow)'s cold hint: a call would take the
+    /// iterator's address and keep its fields in memory on the hot path.
     #[inline(always)]
     fn next_general(&mut self, s: u32, chunk: u32) -> Option<Step> {
         cold_path();
@@ -791,6 +772,22 @@ impl<M: RingOrder> Steps<M> {
             }
             _ => (self.chain_prim, ls, ls, lc),
         };
+        self.emit(s, primitive, input_offset, output_offset, count)
+    }
+
+    /// Step `s` (on the current chunk) with these values; moves on to the
+    /// next step: its chunk is one back (mod n) and starts one loop chunk
+    /// earlier.
+    #[inline(always)]
+    fn emit(
+        &mut self,
+        s: u32,
+        primitive: Primitive,
+        input_offset: u64,
+        output_offset: u64,
+        count: u64,
+    ) -> Option<Step> {
+        let chunk = self.chunk;
         let step = Step {
             primitive,
             loop_index: self.loop_index,
@@ -800,7 +797,18 @@ impl<M: RingOrder> Steps<M> {
             output_offset,
             count,
         };
-        self.advance(s, chunk);
+        self.step = s.wrapping_add(1);
+        if chunk == 0 {
+            self.chunk = self.last;
+            self.chunk_start = self.chunk_last_start;
+        } else {
+            self.chunk = chunk.wrapping_sub(1);
+            // Exact when `incremental` (ls + chunk · lc did not overflow, so
+            // chunk_start >= lc); unused otherwise. Not saturating: a
+            // compare and select here would lengthen the one dependency
+            // chain that runs through every step.
+            self.chunk_start = self.chunk_start.wrapping_sub(self.loop_chunk);
+        }
         Some(step)
     }
 
@@ -824,23 +832,5 @@ impl<M: RingOrder> Steps<M> {
         };
         self.prim = prim;
         self.phase_next = next;
-    }
-
-    /// After step `s` on `chunk`: the next step, whose chunk is one back
-    /// (mod n) and starts one loop chunk earlier.
-    #[inline(always)]
-    fn advance(&mut self, s: u32, chunk: u32) {
-        self.step = s.wrapping_add(1);
-        if chunk == 0 {
-            self.chunk = self.last;
-            self.chunk_start = self.chunk_last_start;
-        } else {
-            self.chunk = chunk.wrapping_sub(1);
-            // Exact when `incremental` (ls + chunk · lc did not overflow, so
-            // chunk_start >= lc); unused otherwise. Not saturating: a
-            // compare and select here would lengthen the one dependency
-            // chain that runs through every step.
-            self.chunk_start = self.chunk_start.wrapping_sub(self.loop_chunk);
-        }
     }
 }

@@ -74,15 +74,7 @@ impl PerfBackend for CudaBackend {
         warmup: u32,
         iters: u32,
     ) -> Result<f64, CliError> {
-        let case = PerfCase {
-            collective: call.collective,
-            count: call.count,
-            dtype: call.dtype,
-            op: call.op,
-            in_place,
-            warmup,
-            iters,
-        };
+        let case = perf_case(call, in_place, warmup, iters);
         let r = perf::run(&mut self.comm, &case).map_err(failed)?;
         self.last_wrong = Some((*call, in_place, r.wrong));
         Ok(r.time_us * 1e-6)
@@ -92,17 +84,22 @@ impl PerfBackend for CudaBackend {
         match self.last_wrong {
             Some((c, p, w)) if c == *call && p == in_place => Ok(w + corrupt.min(1)),
             _ => {
-                let case = PerfCase {
-                    collective: call.collective,
-                    count: call.count,
-                    dtype: call.dtype,
-                    op: call.op,
-                    in_place,
-                    warmup: 0,
-                    iters: 1,
-                };
+                let case = perf_case(call, in_place, 0, 1);
                 Ok(perf::verify(&mut self.comm, &case).map_err(failed)? + corrupt.min(1))
             }
         }
+    }
+}
+
+/// The CUDA backend's description of one perf cell.
+fn perf_case(call: &PerfCall, in_place: bool, warmup: u32, iters: u32) -> PerfCase {
+    PerfCase {
+        collective: call.collective,
+        count: call.count,
+        dtype: call.dtype,
+        op: call.op,
+        in_place,
+        warmup,
+        iters,
     }
 }
