@@ -132,7 +132,7 @@ impl Sim {
             let due = lane.last_progress.saturating_add(self.deadline);
             if due <= now {
                 let t = self.fab.lanes[l as usize];
-                let busy = lane.machine.as_ref().is_some_and(|m| m.pending().is_some());
+                let busy = lane.machine.as_ref().is_some_and(|m| m.is_busy());
                 let err = Error::Timeout {
                     rank: t.rank,
                     channel: t.channel,

@@ -117,12 +117,9 @@ impl Sim {
             }
             self.nic.qps.push(qpa);
             self.nic.qps.push(qpb);
-            self.fab.lanes[l as usize].hop = Hop::Net {
-                tx,
-                rx,
-                qp_tx: a,
-                qp_rx: b,
-            };
+            let m = &mut self.cold[l as usize].mem;
+            m.qp_tx = a;
+            m.qp_rx = b;
         }
         Ok(())
     }
@@ -130,9 +127,10 @@ impl Sim {
     /// Posts the work requests of lane `l`'s finished SEND slice.
     pub(crate) fn post_slice(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
         let t = self.fab.lanes[l as usize];
-        let (Hop::Net { qp_tx, .. }, Some(span)) = (t.hop, e.send) else {
+        let (Hop::Net { .. }, Some(span)) = (t.hop, e.send) else {
             return Ok(());
         };
+        let qp_tx = self.cold[l as usize].mem.qp_tx;
         let g = self.cfg.geometry;
         let succ = self.fab.lane(t.channel, t.next);
         let m = self.cold[l as usize].mem;
@@ -186,9 +184,10 @@ impl Sim {
     /// Posts lane `l`'s credit `head` to its predecessor lane `pred`.
     pub(crate) fn post_credit(&mut self, l: u32, pred: u32, head: u64) -> Result<(), Error> {
         let t = self.fab.lanes[l as usize];
-        let Hop::Net { qp_rx, .. } = self.fab.lanes[pred as usize].hop else {
+        let Hop::Net { .. } = self.fab.lanes[pred as usize].hop else {
             return Ok(());
         };
+        let qp_rx = self.cold[pred as usize].mem.qp_rx;
         let pm = self.cold[pred as usize].mem;
         let counter = RemoteCounter {
             addr: Memory::va(t.prev, pm.counter),

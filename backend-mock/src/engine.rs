@@ -240,11 +240,17 @@ impl Engine {
         Some(e.ev.unpack())
     }
 
-    /// The event after the one just popped, when it is already known
-    /// (same calendar bucket): a hint for prefetching.
+    /// The events after the one just popped that are already known (the
+    /// rest of the calendar bucket), next first, at most `n`: a hint for
+    /// prefetching.
     #[inline]
-    pub fn peek(&self) -> Option<Ev> {
-        self.heap.current.last().map(|e| e.ev.unpack())
+    pub fn peek_ahead(&self, n: usize) -> impl Iterator<Item = Ev> + '_ {
+        self.heap
+            .current
+            .iter()
+            .rev()
+            .take(n)
+            .map(|e| e.ev.unpack())
     }
 
     /// Events processed so far.

@@ -58,14 +58,10 @@ pub(crate) enum Hop {
     Loopback,
     /// A peer copy over NVLink `link`.
     Nvlink { link: u32 },
-    /// RDMA from the sender's port `tx` to the receiver's port `rx`; the
-    /// queue pairs of the connection (payload mode).
-    Net {
-        tx: u32,
-        rx: u32,
-        qp_tx: u32,
-        qp_rx: u32,
-    },
+    /// RDMA from the sender's port `tx` to the receiver's port `rx` (the
+    /// connection's queue pairs, in payload mode, are in the lane's
+    /// `LaneMem`: a lane keeps a copy of its hop on the hot path).
+    Net { tx: u32, rx: u32 },
 }
 
 /// What kind of link a [`LinkStats`](crate::LinkStats) entry is.
@@ -232,8 +228,6 @@ impl Fabric {
                     HopKind::Inter { send_nic, recv_nic } => Hop::Net {
                         tx: port_of(node_of[r as usize], send_nic),
                         rx: port_of(node_of[next as usize], recv_nic),
-                        qp_tx: u32::MAX,
-                        qp_rx: u32::MAX,
                     },
                 };
                 lanes_c.push(LaneTopo {

@@ -3,6 +3,8 @@
 //! two connections. The progress loop polls the machine until it waits,
 //! carrying out every action; events feed the machine what happened.
 
+use std::collections::VecDeque;
+
 use ringcc_core::fifo::can_send;
 use ringcc_core::prim::{Action, LinkState, Machine};
 use ringcc_core::wire::post::widen_step;
@@ -44,6 +46,9 @@ pub(crate) struct LaneMem {
     /// Credit counter the successor writes (RDMA out-connection).
     pub counter: usize,
     pub counter_key: u32,
+    /// RDMA out-connection: its queue pairs (sender's, receiver's).
+    pub qp_tx: u32,
+    pub qp_rx: u32,
 }
 
 /// Credits on their way to a sender, in arrival order: (arrival, head).
@@ -55,43 +60,55 @@ pub(crate) struct LaneMem {
 /// wake-up event at the first arrival. The machine sees exactly what eager
 /// delivery would show it whenever its behaviour depends on it, at a third
 /// fewer events.
+///
+/// The oldest [`CREDITS_HOT`] sit in the lane (NCCL's geometry has at most
+/// four slices in flight); younger ones wait in order in the lane's cold
+/// part ([`LaneCold::credits`]) and move up as the old ones are handed
+/// over.
 #[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
 pub(crate) struct Credits {
     first: u8,
     len: u8,
+    /// More credits wait in [`LaneCold::credits`].
+    spilled: bool,
     /// Low 32 bits of each `head` (widened against the machine's).
-    head: [u32; 8],
-    at: [Ps; 8],
+    head: [u32; CREDITS_HOT],
+    at: [Ps; CREDITS_HOT],
 }
 
+/// Credits kept in the lane itself.
+pub(crate) const CREDITS_HOT: usize = 4;
+
 impl Credits {
-    /// Adds a credit arriving at `at` (not before the previous one).
-    pub fn push(&mut self, at: Ps, head: u64) {
-        if self.len == 8 {
-            // Cannot happen (at most 8 slots are in flight); merge rather
-            // than lose it.
-            let i = usize::from((self.first + 7) % 8);
-            self.at[i] = self.at[i].max(at);
-            self.head[i] = head as u32;
-            return;
+    /// Adds a credit arriving at `at` (not before the previous one);
+    /// false when full (the caller keeps it in order elsewhere).
+    #[inline]
+    fn push(&mut self, at: Ps, head: u64) -> bool {
+        if usize::from(self.len) == CREDITS_HOT || self.spilled {
+            self.spilled = true;
+            return false;
         }
-        let i = usize::from((self.first + self.len) % 8);
+        let i = (usize::from(self.first) + usize::from(self.len)) % CREDITS_HOT;
         self.at[i] = at;
         self.head[i] = head as u32;
         self.len += 1;
+        true
     }
 
     /// The first credit (arrival, low 32 bits of `head`), if any.
+    #[inline]
     pub fn front(&self) -> Option<(Ps, u32)> {
         (self.len > 0).then(|| {
-            let i = usize::from(self.first);
+            let i = usize::from(self.first) % CREDITS_HOT;
             (self.at[i], self.head[i])
         })
     }
 
+    #[inline]
     fn pop(&mut self) {
         if self.len > 0 {
-            self.first = (self.first + 1) % 8;
+            self.first = ((usize::from(self.first) + 1) % CREDITS_HOT) as u8;
             self.len -= 1;
         }
     }
@@ -99,12 +116,13 @@ impl Credits {
 
 /// One (channel, rank): what its events touch.
 ///
-/// `repr(C)` to keep what every event touches (state, flags, topology,
-/// credits) in the first cache lines, ahead of the machine; what they
-/// rarely touch is in [`LaneCold`]. With 16 K lanes, cache misses are most
-/// of a large run's cost.
+/// `repr(C)` and cache-line aligned so that what every event touches
+/// (state, flags, topology, credits) fills the first two lines exactly,
+/// followed by the machine's hot fields (three lines); what events rarely
+/// touch is in [`LaneCold`] or at the machine's end. With 16 K lanes, cache
+/// misses are most of a large run's cost: five lines per lane are 5 MB.
 #[derive(Debug)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub(crate) struct Lane {
     pub state: LaneState,
     /// A `Wake` event is pending.
@@ -114,19 +132,20 @@ pub(crate) struct Lane {
     /// Whether the lane's last step began.
     pub in_final: bool,
     /// (loop, step) of the lane's last step.
-    pub final_step: (u64, u32),
+    pub final_index: u32,
+    pub final_loop: u64,
     /// Last time an event reached the lane (for the deadline).
     pub last_progress: Ps,
-    /// Where it sits in the fabric (a copy of the fabric's, kept next to
-    /// the machine for the hot path).
-    pub t: LaneTopo,
-    /// Credits not yet handed to the machine.
-    pub credits: Credits,
     /// Timing-only RDMA out-connection: arrival of the last message, so
     /// that jitter never reorders a reliable connection.
     pub last_arrival: Ps,
     /// Same, for the credits this lane returns.
     pub last_credit: Ps,
+    /// Where it sits in the fabric (a copy of the fabric's, kept next to
+    /// the machine for the hot path).
+    pub t: LaneTopo,
+    /// Credits not yet handed to the machine.
+    pub credits: Credits,
     pub machine: Option<Machine<RingRef>>,
 }
 
@@ -143,6 +162,8 @@ pub(crate) struct LaneCold {
     /// immediates).
     pub recv_tail: u64,
     pub mem: LaneMem,
+    /// Credits beyond the lane's [`CREDITS_HOT`], in arrival order.
+    pub credits: VecDeque<(Ps, u64)>,
 }
 
 impl Lane {
@@ -157,9 +178,22 @@ impl Lane {
             credits: Credits::default(),
             wake: false,
             credit_blocked: false,
-            final_step: (0, 0),
+            final_index: 0,
+            final_loop: 0,
             in_final: false,
         }
+    }
+}
+
+/// Moves spilled credits up into the lane's free entries, oldest first.
+#[cold]
+fn refill_credits(hot: &mut Credits, cold: &mut VecDeque<(Ps, u64)>) {
+    hot.spilled = false;
+    while let Some(&(at, head)) = cold.front() {
+        if !hot.push(at, head) {
+            return;
+        }
+        cold.pop_front();
     }
 }
 
@@ -186,8 +220,11 @@ impl Sim {
                     break;
                 }
                 lane.credits.pop();
+                if lane.credits.spilled {
+                    refill_credits(&mut lane.credits, &mut self.cold[l as usize].credits);
+                }
                 lane.last_progress = now;
-                let known = m.link().send_head;
+                let known = m.send_head();
                 let head = widen_step(head, known);
                 if head > known {
                     if let Err(source) = m.handle_head(head) {
@@ -199,7 +236,7 @@ impl Sim {
             }
             match m.poll_action() {
                 Ok(Some(Action::Exec(e))) => {
-                    if (e.loop_index, e.step_index) == lane.final_step {
+                    if (e.loop_index, e.step_index) == (lane.final_loop, lane.final_index) {
                         lane.in_final = true;
                     }
                     lane.credit_blocked = false;
@@ -223,9 +260,8 @@ impl Sim {
                     // (FIFO room, or its sends consumed after its last
                     // step). Only the last needs a wake-up at the next
                     // credit's arrival.
-                    let link = m.link();
-                    lane.credit_blocked = m.pending().is_none()
-                        && (lane.in_final || !can_send(link.send_head, link.send_next, sps));
+                    lane.credit_blocked = !m.is_busy()
+                        && (lane.in_final || !can_send(m.send_head(), m.send_next(), sps));
                     if lane.credit_blocked && !lane.wake {
                         if let Some((at, _)) = lane.credits.front() {
                             lane.wake = true;
@@ -246,7 +282,9 @@ impl Sim {
     /// A credit for lane `l` (a sender) that arrives at `at`.
     pub(crate) fn push_credit(&mut self, l: u32, at: Ps, head: u64) {
         let lane = &mut self.lanes[l as usize];
-        lane.credits.push(at, head);
+        if !lane.credits.push(at, head) {
+            self.cold[l as usize].credits.push_back((at, head));
+        }
         if lane.credit_blocked && !lane.wake {
             lane.wake = true;
             let first = lane.credits.front().map_or(at, |(t, _)| t);
@@ -288,7 +326,7 @@ impl Sim {
         };
         // Only a slice sent over RDMA needs its exec after it is done.
         let exec = match lane.t.hop {
-            Hop::Net { .. } => m.pending().filter(|e| e.send.is_some()).copied(),
+            Hop::Net { .. } => m.pending().filter(|e| e.send.is_some()),
             _ => None,
         };
         if let Err(source) = m.handle_exec_done() {
@@ -318,7 +356,7 @@ impl Sim {
         // Events carry the low 32 bits of the step counter; a connection's
         // tails arrive in order and never move by 2^32 at once.
         let lane = &self.lanes[l as usize];
-        let known = lane.machine.as_ref().map_or(0, |m| m.link().recv_tail);
+        let known = lane.machine.as_ref().map_or(0, |m| m.recv_tail());
         self.deliver_tail(l, header, widen_step(tail, known));
     }
 
@@ -346,7 +384,7 @@ impl Sim {
         }
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
-        if m.pending().is_none() {
+        if !m.is_busy() {
             self.drive(l);
         }
     }
@@ -362,7 +400,7 @@ impl Sim {
             return;
         };
         // A counter read may show a value already handled.
-        if head <= m.link().send_head {
+        if head <= m.send_head() {
             return;
         }
         if let Err(source) = m.handle_head(head) {
@@ -391,5 +429,49 @@ impl Sim {
             }
             Hop::Net { .. } => self.net_credit(l, pred, head),
         }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of};
+
+    /// The lane's own hot fields fill its first two cache lines and the
+    /// machine follows at once (what `LANE_HOT_LINES` prefetches).
+    #[test]
+    fn lane_layout_keeps_hot_fields_in_two_lines() {
+        assert_eq!(align_of::<Lane>(), 64);
+        assert_eq!(offset_of!(Lane, machine), 128);
+        assert!(offset_of!(Lane, credits) + std::mem::size_of::<Credits>() <= 128);
+    }
+
+    /// Credits beyond the hot four wait in order in the cold part and come
+    /// back in arrival order.
+    #[test]
+    fn credits_spill_and_refill_in_order() {
+        let mut hot = Credits::default();
+        let mut cold = VecDeque::new();
+        for k in 0..10u64 {
+            if !hot.push(100 + k, 8 * k) {
+                cold.push_back((100 + k, 8 * k));
+            }
+        }
+        assert_eq!(cold.len(), 10 - CREDITS_HOT);
+        let mut got = Vec::new();
+        while let Some((at, head)) = hot.front() {
+            got.push((at, u64::from(head)));
+            hot.pop();
+            if hot.spilled {
+                refill_credits(&mut hot, &mut cold);
+            }
+            // A credit arriving meanwhile queues behind the spilled ones.
+            if got.len() == 2 && !hot.push(200, 80) {
+                cold.push_back((200, 80));
+            }
+        }
+        let mut want: Vec<(Ps, u64)> = (0..10u64).map(|k| (100 + k, 8 * k)).collect();
+        want.push((200, 80));
+        assert_eq!(got, want);
+        assert!(cold.is_empty());
     }
 }

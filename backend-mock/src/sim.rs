@@ -78,6 +78,15 @@ pub(crate) struct Sim {
     pub aborted: Option<Error>,
 }
 
+/// How far ahead [`Sim::prefetch_ahead`] looks: far enough for the misses
+/// to complete, near enough for the lines to stay (measured: 6 to 24 are
+/// alike on 1024 ranks).
+const PREFETCH_AHEAD: usize = 12;
+
+/// Cache lines of a lane that events touch: the lane's own two, the
+/// machine's counters and current step, and its step iterator's hot line.
+const LANE_HOT_LINES: usize = 5;
+
 /// Initial calendar bucket width: each lane has an event every
 /// microsecond or so; aim at about ten distinct times per bucket (the
 /// calendar adapts the width from there).
@@ -286,16 +295,15 @@ impl Sim {
             let loops = plan.loops(ChannelId(t.channel as u8)).unwrap_or(1);
             let dead = self.ranks[t.rank as usize].died.is_some();
             self.cold[l].mailbox = None;
+            self.cold[l].credits.clear();
             let lane = &mut self.lanes[l];
             lane.machine = Some(m);
             lane.credits = Default::default();
             lane.wake = false;
             lane.credit_blocked = false;
             lane.in_final = false;
-            lane.final_step = (
-                loops.saturating_sub(1),
-                plan.steps_per_loop().saturating_sub(1),
-            );
+            lane.final_loop = loops.saturating_sub(1);
+            lane.final_index = plan.steps_per_loop().saturating_sub(1);
             lane.last_progress = now;
             lane.state = if dead {
                 self.run.finished += 1;
@@ -334,22 +342,23 @@ impl Sim {
                 });
                 break;
             };
-            self.touch_next();
+            self.prefetch_ahead();
             self.dispatch(ev);
         }
         Ok(self.finish(start_events, buffers, now))
     }
 
-    /// Loads the next event's lane into the cache while this event runs:
-    /// on large clusters a lane is a cache miss, and most of the cost.
+    /// Starts loading the lane of the event [`PREFETCH_AHEAD`] places
+    /// ahead into the cache. On large clusters a lane is several cache
+    /// misses per event, most of the cost; a prefetch lets them overlap
+    /// with the work of the events in between instead of stalling each.
     #[inline]
-    fn touch_next(&self) {
+    fn prefetch_ahead(&self) {
         if let Some(Ev::ExecDone { lane } | Ev::Tail { lane, .. } | Ev::Wake { lane }) =
-            self.eng.peek()
+            self.eng.peek_ahead(PREFETCH_AHEAD).last()
         {
             if let Some(l) = self.lanes.get(lane as usize) {
-                std::hint::black_box(l.state);
-                std::hint::black_box(l.machine.as_ref().map(|m| m.is_done()));
+                crate::prefetch::lines(l, LANE_HOT_LINES);
             }
         }
     }

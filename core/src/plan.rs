@@ -548,32 +548,41 @@ impl Plan {
 }
 
 /// The steps of one rank on one channel; see [`Plan::steps`].
+///
+/// `repr(C)`: the fields [`next`](Iterator::next)'s hot path reads and
+/// writes come first (one cache line), the plan and the loop set-up after.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Steps<M> {
-    plan: Plan,
-    ring: M,
-    start: u64,
-    end: u64,
-    /// Position along a rooted collective's chain.
-    chain_pos: u32,
-    /// Chunk of step 0 of every loop.
-    chunk0: u32,
+    step: u32,
+    /// Steps below this take the hot path of [`next`](Iterator::next)
+    /// (0: none do, until the slow path has set up the phase).
+    run_end: u32,
     /// Chunk of the current step (moves back one per step, mod n).
     chunk: u32,
-    /// Steps per loop.
-    spl: u32,
     /// `n − 1` and `2n − 2`: where the primitive table's phases end.
     last: u32,
-    two_last: u32,
-    /// The chains' one primitive per loop.
-    chain_prim: Primitive,
-    /// The current loop's first element and chunk size.
-    loop_start: u64,
-    loop_chunk: u64,
+    /// Fast path: the primitive of the current phase of the table.
+    prim: Primitive,
     /// AllReduce: where the current chunk starts (before clamping), and
     /// where chunk `n − 1` starts.
     chunk_start: u64,
     chunk_last_start: u64,
+    /// The current loop's chunk size and first element.
+    loop_chunk: u64,
+    loop_index: u64,
+    loop_start: u64,
+    two_last: u32,
+    /// Fast path: the step at which the next phase begins.
+    phase_next: u32,
+    /// Steps per loop.
+    spl: u32,
+    /// Chunk of step 0 of every loop.
+    chunk0: u32,
+    /// Position along a rooted collective's chain.
+    chain_pos: u32,
+    /// The chains' one primitive per loop.
+    chain_prim: Primitive,
     incremental: bool,
     /// AllReduce over 2+ ranks with incremental offsets: the common case,
     /// which [`next`](Iterator::next) takes without the general match.
@@ -581,16 +590,11 @@ pub struct Steps<M> {
     /// Fast path: every chunk of this loop lies wholly inside the range
     /// (no clamping at `end`).
     unclipped: bool,
-    /// Fast path: the primitive of the current phase of the table, and the
-    /// step at which the next phase begins.
-    prim: Primitive,
-    phase_next: u32,
-    /// Steps below this take the hot path of [`next`](Iterator::next)
-    /// (0: none do, until the slow path has set up the phase).
-    run_end: u32,
     loops: u64,
-    loop_index: u64,
-    step: u32,
+    start: u64,
+    end: u64,
+    plan: Plan,
+    ring: M,
 }
 
 impl<M: RingOrder> Steps<M> {

@@ -114,16 +114,20 @@ pub struct LinkState {
     pub early_header: Option<(u64, CallDesc)>,
 }
 
+/// Where a machine stands. The outstanding exec of `Busy` is not stored:
+/// it is rebuilt from the current step, the slice and the counters, none
+/// of which move while it is outstanding (a smaller machine is fewer cache
+/// misses for a backend that drives thousands of them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Waiting for data / credit, or ready to emit the next exec.
     Idle,
     /// An exec is outstanding.
-    Busy(Exec),
+    Busy,
     /// `Done` emitted.
     Done,
-    /// Failed with this error; accepts nothing more.
-    Failed(Error),
+    /// Failed (with [`Machine::failure`]); accepts nothing more.
+    Failed,
 }
 
 /// The state machine of one rank on one channel for one collective.
@@ -145,23 +149,41 @@ enum Phase {
 /// typed error — `MismatchedCall` when the predecessor's call header
 /// differs, `Protocol(..)` for impossible counters — after which the
 /// machine is dead: it emits nothing and returns `Finished`.
+///
+/// Layout: `repr(C)` keeps what every event touches (counters, flags, the
+/// current step: 128 bytes) ahead of the step iterator, whose hot fields
+/// come first in turn, and what only a header or a failure touches at the
+/// end.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Machine<M> {
-    steps: Steps<M>,
-    call: CallDesc,
-    elem: u64,
-    slice_elems: u64,
-    slots_per_slice: u64,
-    current: Option<Step>,
-    slices: u64,
-    slice: u64,
-    link: LinkState,
+    /// `LinkState`'s counters (its early header is kept apart, below).
+    recv_tail: u64,
+    recv_next: u64,
+    send_head: u64,
+    send_next: u64,
     recv_start: u64,
     send_start: u64,
+    slice_elems: u64,
+    /// Slices of the current step, and the one being (or next) run.
+    slices: u32,
+    slice: u32,
+    slots_per_slice: u32,
+    elem: u8,
+    phase: Phase,
+    /// `current` holds a step not yet fully run.
+    has_current: bool,
     header_ok: bool,
     header_sent: bool,
-    credit: Option<u64>,
-    phase: Phase,
+    /// A `ReturnCredit` for `recv_next` is due.
+    credit_due: bool,
+    /// `early_header` is set.
+    has_early: bool,
+    current: Step,
+    steps: Steps<M>,
+    call: CallDesc,
+    early_header: Option<(u64, CallDesc)>,
+    failure: Option<Error>,
 }
 
 impl<M: RingOrder> Machine<M> {
@@ -182,16 +204,20 @@ impl<M: RingOrder> Machine<M> {
         {
             return Err(Error::PlanMismatch);
         }
-        let elem = u64::from(call.dtype.size());
-        let slice_elems = geometry.slice_bytes().checked_div(elem).unwrap_or(0);
-        if slice_elems == 0 {
+        let elem = call.dtype.size();
+        let slice_elems = geometry
+            .slice_bytes()
+            .checked_div(u64::from(elem))
+            .unwrap_or(0);
+        let slots_per_slice = u32::try_from(geometry.slots_per_slice()).unwrap_or(0);
+        if slice_elems == 0 || slots_per_slice == 0 {
             return Err(Error::BadFifoGeometry);
         }
         // A send-only step (a ring's step 0) posts a whole chunk before the
         // rank receives anything. If that fills the successor's FIFO on
         // every rank at once, each rank waits for room that only its
         // successor's send could make: deadlock. One free slice breaks it.
-        let chunk_bytes = plan.chunk_elems().saturating_mul(elem);
+        let chunk_bytes = plan.chunk_elems().saturating_mul(u64::from(elem));
         if geometry.slices_per_chunk(chunk_bytes) > geometry.max_slices_per_chunk() {
             return Err(Error::ChunkTooLargeForFifo {
                 chunk_bytes,
@@ -199,24 +225,36 @@ impl<M: RingOrder> Machine<M> {
             });
         }
         let mut m = Machine {
-            steps,
-            call,
-            elem,
-            slice_elems,
-            slots_per_slice: geometry.slots_per_slice(),
-            current: None,
-            slices: 0,
-            slice: 0,
-            link: LinkState {
-                early_header: None,
-                ..link
-            },
+            recv_tail: link.recv_tail,
+            recv_next: link.recv_next,
+            send_head: link.send_head,
+            send_next: link.send_next,
             recv_start: link.recv_next,
             send_start: link.send_next,
+            slice_elems,
+            slices: 0,
+            slice: 0,
+            slots_per_slice,
+            elem,
+            phase: Phase::Idle,
+            has_current: false,
             header_ok: false,
             header_sent: false,
-            credit: None,
-            phase: Phase::Idle,
+            credit_due: false,
+            has_early: false,
+            current: Step {
+                primitive: Primitive::empty(),
+                loop_index: 0,
+                index: 0,
+                chunk: ChunkId(0),
+                input_offset: 0,
+                output_offset: 0,
+                count: 0,
+            },
+            steps,
+            call,
+            early_header: None,
+            failure: None,
         };
         if let Some((step, desc)) = link.early_header {
             m.handle_header(step, desc)?;
@@ -237,7 +275,31 @@ impl<M: RingOrder> Machine<M> {
 
     /// The connection counters (final once `Done`).
     pub fn link(&self) -> LinkState {
-        self.link
+        LinkState {
+            recv_tail: self.recv_tail,
+            recv_next: self.recv_next,
+            send_head: self.send_head,
+            send_next: self.send_next,
+            early_header: self.early_header,
+        }
+    }
+
+    /// Latest `tail` seen from the predecessor (`link().recv_tail`).
+    #[inline]
+    pub fn recv_tail(&self) -> u64 {
+        self.recv_tail
+    }
+
+    /// Latest `head` seen from the successor (`link().send_head`).
+    #[inline]
+    pub fn send_head(&self) -> u64 {
+        self.send_head
+    }
+
+    /// Steps posted to the successor (`link().send_next`).
+    #[inline]
+    pub fn send_next(&self) -> u64 {
+        self.send_next
     }
 
     /// Whether the machine has emitted [`Action::Done`].
@@ -247,43 +309,47 @@ impl<M: RingOrder> Machine<M> {
 
     /// The error the machine failed with, if it did.
     pub fn error(&self) -> Option<Error> {
-        match self.phase {
-            Phase::Failed(e) => Some(e),
-            _ => None,
-        }
+        self.failure
     }
 
-    /// The outstanding exec, if any.
-    pub fn pending(&self) -> Option<&Exec> {
-        match &self.phase {
-            Phase::Busy(e) => Some(e),
-            _ => None,
-        }
+    /// Whether an exec is outstanding (`pending().is_some()`, cheaper).
+    #[inline]
+    pub fn is_busy(&self) -> bool {
+        self.phase == Phase::Busy
+    }
+
+    /// The outstanding exec, if any (the one last emitted, rebuilt).
+    #[inline]
+    pub fn pending(&self) -> Option<Exec> {
+        self.is_busy().then(|| self.exec())
     }
 
     fn live(&self) -> Result<(), Error> {
         match self.phase {
-            Phase::Failed(_) => Err(Error::Finished),
+            Phase::Failed => Err(Error::Finished),
             _ => Ok(()),
         }
     }
 
+    #[cold]
     fn fail(&mut self, e: Error) -> Error {
         log::warning!("ringcc: machine failed");
-        self.phase = Phase::Failed(e);
+        self.phase = Phase::Failed;
+        self.failure = Some(e);
         e
     }
 
     /// The predecessor's `tail` counter moved to `tail`.
+    #[inline]
     pub fn handle_tail(&mut self, tail: u64) -> Result<(), Error> {
         self.live()?;
-        if tail < self.link.recv_tail {
+        if tail < self.recv_tail {
             return Err(self.fail(Error::Protocol(ProtocolViolation::TailBackwards)));
         }
-        if tail > self.link.recv_next.saturating_add(STEPS) {
+        if tail > self.recv_next.saturating_add(STEPS) {
             return Err(self.fail(Error::Protocol(ProtocolViolation::Overrun)));
         }
-        self.link.recv_tail = tail;
+        self.recv_tail = tail;
         Ok(())
     }
 
@@ -310,10 +376,11 @@ impl<M: RingOrder> Machine<M> {
             return Ok(());
         }
         if desc.seq == self.call.seq.wrapping_add(1) {
-            if self.link.early_header.is_some() || step != self.link.recv_next {
+            if self.has_early || step != self.recv_next {
                 return Err(self.fail(Error::Protocol(ProtocolViolation::UnexpectedHeader)));
             }
-            self.link.early_header = Some((step, desc));
+            self.early_header = Some((step, desc));
+            self.has_early = true;
             return Ok(());
         }
         Err(self.fail(Error::MismatchedCall {
@@ -323,37 +390,41 @@ impl<M: RingOrder> Machine<M> {
     }
 
     /// The successor's `head` counter moved to `head`.
+    #[inline]
     pub fn handle_head(&mut self, head: u64) -> Result<(), Error> {
         self.live()?;
-        if head < self.link.send_head {
+        if head < self.send_head {
             return Err(self.fail(Error::Protocol(ProtocolViolation::HeadBackwards)));
         }
-        if head > self.link.send_next {
+        if head > self.send_next {
             return Err(self.fail(Error::Protocol(ProtocolViolation::HeadAhead)));
         }
-        self.link.send_head = head;
+        self.send_head = head;
         Ok(())
     }
 
     /// The outstanding exec is complete.
+    #[inline]
     pub fn handle_exec_done(&mut self) -> Result<(), Error> {
         self.live()?;
-        let Phase::Busy(exec) = self.phase else {
+        if self.phase != Phase::Busy {
             return Err(Error::NoExecPending);
-        };
-        if let Some(r) = exec.recv {
-            self.link.recv_next = r.end();
-            self.credit = Some(r.end());
         }
-        if let Some(s) = exec.send {
-            self.link.send_next = s.end();
-            if exec.header.is_some() {
+        let p = self.current.primitive;
+        let sps = u64::from(self.slots_per_slice);
+        if p.contains(Primitive::RECV) {
+            self.recv_next = self.recv_next.saturating_add(sps);
+            self.credit_due = true;
+        }
+        if p.contains(Primitive::SEND) {
+            if self.send_next == self.send_start {
                 self.header_sent = true;
             }
+            self.send_next = self.send_next.saturating_add(sps);
         }
         self.slice = self.slice.saturating_add(1);
         if self.slice >= self.slices {
-            self.current = None;
+            self.has_current = false;
         }
         self.phase = Phase::Idle;
         Ok(())
@@ -366,37 +437,82 @@ impl<M: RingOrder> Machine<M> {
     #[inline]
     pub fn poll_action(&mut self) -> Result<Option<Action>, Error> {
         match self.phase {
-            Phase::Failed(e) => return Err(e),
+            Phase::Failed => return Err(self.failure.unwrap_or(Error::Finished)),
             Phase::Done => return Ok(None),
-            Phase::Idle | Phase::Busy(_) => {}
+            Phase::Idle | Phase::Busy => {}
         }
-        self.next_action().map_err(|e| self.fail(e))
+        match self.next_action() {
+            Ok(a) => Ok(a),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// The exec for the current slice of the current step, with the
+    /// counters as they stand (they do not move while it is outstanding).
+    #[inline]
+    fn exec(&self) -> Exec {
+        let step = &self.current;
+        let p = step.primitive;
+        let sps = u64::from(self.slots_per_slice);
+        let recv = p.contains(Primitive::RECV).then_some(SlotSpan {
+            step: self.recv_next,
+            slots: sps,
+        });
+        let send = p.contains(Primitive::SEND).then_some(SlotSpan {
+            step: self.send_next,
+            slots: sps,
+        });
+        let header = match send {
+            Some(s) if !self.header_sent && s.step == self.send_start => Some(self.call),
+            _ => None,
+        };
+        let slice = u64::from(self.slice);
+        let lo = slice.saturating_mul(self.slice_elems).min(step.count);
+        let hi = lo.saturating_add(self.slice_elems).min(step.count);
+        Exec {
+            primitive: p,
+            chunk: step.chunk,
+            loop_index: step.loop_index,
+            step_index: step.index,
+            slice,
+            input_offset: step.input_offset.saturating_add(lo),
+            output_offset: step.output_offset.saturating_add(lo),
+            count: hi.saturating_sub(lo),
+            recv,
+            send,
+            header,
+        }
     }
 
     #[inline]
     fn next_action(&mut self) -> Result<Option<Action>, Error> {
-        if let Some(head) = self.credit.take() {
-            return Ok(Some(Action::ReturnCredit { head }));
+        if self.credit_due {
+            self.credit_due = false;
+            return Ok(Some(Action::ReturnCredit {
+                head: self.recv_next,
+            }));
         }
-        if matches!(self.phase, Phase::Busy(_)) {
+        if self.phase == Phase::Busy {
             return Ok(None);
         }
-        if self.current.is_none() {
+        if !self.has_current {
             match self.steps.next() {
                 Some(step) => {
-                    let bytes = step.count.saturating_mul(self.elem);
-                    let slice_bytes = self.slice_elems.saturating_mul(self.elem);
+                    let elem = u64::from(self.elem);
+                    let bytes = step.count.saturating_mul(elem);
+                    let slice_bytes = self.slice_elems.saturating_mul(elem);
                     // Most steps fit in one slice: no division for them.
                     self.slices = if bytes <= slice_bytes {
                         1
                     } else {
-                        div_up(bytes, slice_bytes).max(1)
+                        u32::try_from(div_up(bytes, slice_bytes)).unwrap_or(u32::MAX)
                     };
                     self.slice = 0;
-                    self.current = Some(step);
+                    self.current = step;
+                    self.has_current = true;
                 }
                 None => {
-                    if self.link.send_head >= self.link.send_next {
+                    if self.send_head >= self.send_next {
                         self.phase = Phase::Done;
                         return Ok(Some(Action::Done));
                     }
@@ -404,63 +520,26 @@ impl<M: RingOrder> Machine<M> {
                 }
             }
         }
-        let Some(step) = self.current else {
-            return Ok(None);
-        };
-        let p = step.primitive;
-        let sps = self.slots_per_slice;
-        let recv = if p.contains(Primitive::RECV) {
-            let span = SlotSpan {
-                step: self.link.recv_next,
-                slots: sps,
-            };
-            if !can_recv(self.link.recv_tail, span.step, sps) {
+        let p = self.current.primitive;
+        let sps = u64::from(self.slots_per_slice);
+        if p.contains(Primitive::RECV) {
+            let step = self.recv_next;
+            if !can_recv(self.recv_tail, step, sps) {
                 return Ok(None);
             }
-            if span.step == self.recv_start && !self.header_ok {
+            if step == self.recv_start && !self.header_ok {
                 return Err(Error::Protocol(ProtocolViolation::MissingHeader));
             }
-            if matches!(self.link.early_header, Some((s, _)) if s == span.step) {
+            if self.has_early && matches!(self.early_header, Some((s, _)) if s == step) {
                 // The predecessor began the next call while we expect data
                 // of this one.
                 return Err(Error::Protocol(ProtocolViolation::UnexpectedHeader));
             }
-            Some(span)
-        } else {
-            None
-        };
-        let send = if p.contains(Primitive::SEND) {
-            let span = SlotSpan {
-                step: self.link.send_next,
-                slots: sps,
-            };
-            if !can_send(self.link.send_head, span.step, sps) {
-                return Ok(None);
-            }
-            Some(span)
-        } else {
-            None
-        };
-        let header = match send {
-            Some(s) if !self.header_sent && s.step == self.send_start => Some(self.call),
-            _ => None,
-        };
-        let lo = self.slice.saturating_mul(self.slice_elems).min(step.count);
-        let hi = lo.saturating_add(self.slice_elems).min(step.count);
-        let exec = Exec {
-            primitive: p,
-            chunk: step.chunk,
-            loop_index: step.loop_index,
-            step_index: step.index,
-            slice: self.slice,
-            input_offset: step.input_offset.saturating_add(lo),
-            output_offset: step.output_offset.saturating_add(lo),
-            count: hi.saturating_sub(lo),
-            recv,
-            send,
-            header,
-        };
-        self.phase = Phase::Busy(exec);
-        Ok(Some(Action::Exec(exec)))
+        }
+        if p.contains(Primitive::SEND) && !can_send(self.send_head, self.send_next, sps) {
+            return Ok(None);
+        }
+        self.phase = Phase::Busy;
+        Ok(Some(Action::Exec(self.exec())))
     }
 }
