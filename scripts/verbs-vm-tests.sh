@@ -88,8 +88,9 @@ ROUNDS=${VERBS_BENCH_ROUNDS:-3}
   printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q\n' \
     "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH"
   printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
-  # FIFO geometry overrides for experiments reach the ranks in the VM.
-  for v in RINGCC_SLOT_BYTES RINGCC_SLOTS_PER_SLICE RINGCC_CHUNK_BYTES; do
+  # FIFO geometry overrides and the log filter (RUST_LOG) for experiments
+  # reach the ranks in the VM.
+  for v in RINGCC_SLOT_BYTES RINGCC_SLOTS_PER_SLICE RINGCC_CHUNK_BYTES RINGCC_SPIN_US RUST_LOG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
   cat <<'VM'
@@ -132,11 +133,12 @@ if [ "$RUN_BENCH" = 1 ]; then
     [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
-  perf() { # perf NAME CHANNELS [COLLECTIVE]: 2-rank `ringcc perf COLLECTIVE --backend verbs`
-    local name=$1 port=$(( 20000 + RANDOM % 10000 )) coll=${3:-allreduce} v r
+  perf() { # perf NAME CHANNELS [COLLECTIVE [SLOT-BYTES]]: 2-rank `ringcc perf COLLECTIVE --backend verbs`
+    local name=$1 port=$(( 20000 + RANDOM % 10000 )) coll=${3:-allreduce} slot=${4:-} v r
     rm -f "$OUT/$name.json"
     for r in 0 1; do
-      RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
+      env ${slot:+RINGCC_SLOT_BYTES=$slot} \
+        RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
         RINGCC_NCHANNELS=$2 timeout 600 "$PERF_BIN" perf "$coll" --backend verbs \
         -b "$BYTES" -e "$BYTES" -n "$ITERS" -w 1 -J "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
@@ -157,6 +159,10 @@ if [ "$RUN_BENCH" = 1 ]; then
     # One direction only (root 0 to rank 1): the transport's share of
     # ib_write_bw without the reduction or the reverse direction.
     [ -n "$PERF_BIN" ] && perf bcast-c2 2 broadcast
+    # The same AllReduce with 4x the FIFO (2 MiB slots, 4 MiB slices): a
+    # quarter of the messages, completions and credits per byte. What it
+    # gains is the per-message cost of this emulated device.
+    [ -n "$PERF_BIN" ] && perf perf-c2-big 2 allreduce 2097152
   done
 fi
 exit $trc
@@ -178,7 +184,7 @@ ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a faile
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
-  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2; do touch "$O/$f.MBps.txt"; done
+  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do touch "$O/$f.MBps.txt"; done
   uni=$(median < "$O/ibw-uni.MBps.txt")
   bi=$(median < "$O/ibw-bi.MBps.txt")
   c1=$(median < "$O/ringcc-c1.MBps.txt")
@@ -188,6 +194,8 @@ if [ "$RUN_BENCH" = 1 ]; then
   bp=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   bc=$(median < "$O/bcast-c2.MBps.txt")
   rb=$(ratios "$O/bcast-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
+  pg=$(median < "$O/perf-c2-big.MBps.txt")
+  rg=$(ratios "$O/perf-c2-big.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   # An AllReduce rank sends and receives at once: its busbw (bytes sent
@@ -202,8 +210,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "#   ringcc AllReduce f32 sum, 2 ranks, busbw over $ITERS iterations, 1 and 2 channels"
     echo "#   (verbs_rank bench), and \`ringcc perf allreduce --backend verbs\` with 2 channels"
     echo "#   (its avg_busbw: out-of-place and in-place columns), and \`ringcc perf broadcast\`"
-    echo "#   (one direction, no reduction: the transport alone)"
-    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2; do
+    echo "#   (one direction, no reduction: the transport alone), and the perf AllReduce"
+    echo "#   with a 4x FIFO (RINGCC_SLOT_BYTES=2M: a quarter of the messages per byte)"
+    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
     echo "ib_write_bw_MBps=${uni:-?}"
@@ -219,6 +228,8 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ratio_perf_2ch_vs_ib_write_bw_bidir_per_direction=${bp:-?}"
     echo "ringcc_perf_broadcast_busbw_2ch_MBps=${bc:-?}"
     echo "ratio_perf_broadcast_2ch_vs_ib_write_bw=${rb:-?}"
+    echo "ringcc_perf_allreduce_busbw_2ch_fifo16m_MBps=${pg:-?}"
+    echo "ratio_perf_2ch_fifo16m_vs_ib_write_bw=${rg:-?}"
   } > "$TARGET/verbs-bench.txt"
   cat "$TARGET/verbs-bench.txt"
   if [ -z "$r1" ] && [ -z "$r2" ]; then

@@ -240,17 +240,14 @@ impl Engine {
         Some(e.ev.unpack())
     }
 
-    /// The events after the one just popped that are already known (the
-    /// rest of the calendar bucket), next first, at most `n`: a hint for
+    /// The event `k + 1` places after the one just popped, when it is
+    /// already known (in the calendar bucket being drained): a hint for
     /// prefetching.
     #[inline]
-    pub fn peek_ahead(&self, n: usize) -> impl Iterator<Item = Ev> + '_ {
-        self.heap
-            .current
-            .iter()
-            .rev()
-            .take(n)
-            .map(|e| e.ev.unpack())
+    pub fn peek_ahead(&self, k: usize) -> Option<Ev> {
+        let c = &self.heap.current;
+        let i = c.len().checked_sub(k.saturating_add(1))?;
+        c.get(i).map(|e| e.ev.unpack())
     }
 
     /// Events processed so far.

@@ -31,8 +31,9 @@
 //!   channels, 1 GiB AllReduce (33.5 M slices, 75 M events) in about five
 //!   seconds on one core. At that size the 16 K lanes outgrow the caches:
 //!   a lane keeps what events touch in five cache lines (its own two, then
-//!   the core machine's hot fields) and the run loop prefetches the lane
-//!   of the event a dozen places ahead (the crate's only `unsafe`).
+//!   the core machine's hot fields), the lanes sit on huge pages, and the
+//!   run loop prefetches the lane of the event a dozen places ahead (the
+//!   crate's only `unsafe`).
 //! - **Faults** ([`Faults`]): seeded packet loss, duplication, reordering,
 //!   jitter, a dead rank / NIC / NVLink at a virtual time, a corrupted
 //!   remote key. Loss is recovered by retransmission; a failure ends every
@@ -85,6 +86,7 @@
 #![deny(missing_docs)]
 
 mod abort;
+mod cachehint;
 mod calendar;
 mod config;
 mod driver;
@@ -97,7 +99,6 @@ mod flow;
 mod lane;
 mod memory;
 mod pcap;
-mod prefetch;
 mod report;
 mod rnic;
 mod sim;

@@ -117,7 +117,8 @@ impl Sim {
             .map(|p| NicPort::new(p.node, p.nic))
             .collect();
         let lanes_len = fab.lanes.len();
-        let lanes = fab.lanes.iter().map(|t| Lane::new(*t)).collect();
+        let mut lanes = crate::cachehint::huge_vec(lanes_len);
+        lanes.extend(fab.lanes.iter().map(|t| Lane::new(*t)));
         let mut sim = Sim {
             gpu_overhead: ps(cfg.gpu.step_overhead),
             gpu_rate: Rate::new(cfg.gpu.mem_bandwidth),
@@ -355,10 +356,20 @@ impl Sim {
     #[inline]
     fn prefetch_ahead(&self) {
         if let Some(Ev::ExecDone { lane } | Ev::Tail { lane, .. } | Ev::Wake { lane }) =
-            self.eng.peek_ahead(PREFETCH_AHEAD).last()
+            self.eng.peek_ahead(PREFETCH_AHEAD)
         {
             if let Some(l) = self.lanes.get(lane as usize) {
-                crate::prefetch::lines(l, LANE_HOT_LINES);
+                crate::cachehint::prefetch(l, LANE_HOT_LINES);
+            }
+        }
+        // A finished slice returns a credit to the predecessor's lane: its
+        // first two lines, found from this lane's (prefetched earlier).
+        if let Some(Ev::ExecDone { lane }) = self.eng.peek_ahead(PREFETCH_AHEAD / 2) {
+            if let Some(l) = self.lanes.get(lane as usize) {
+                let pred = self.fab.lane(l.t.channel, l.t.prev);
+                if let Some(p) = self.lanes.get(pred as usize) {
+                    crate::cachehint::prefetch(p, 2);
+                }
             }
         }
     }
