@@ -103,18 +103,22 @@ if [ "$RUN_TESTS" = 1 ]; then
   echo "vm: tests took $(( $(date +%s) - t0 ))s (exit $trc)"
 fi
 if [ "$RUN_BENCH" = 1 ]; then
-  ibw() { # ibw NAME EXTRA-FLAGS...: one ib_write_bw run; MB/s appended to NAME.MBps.txt
-    local name=$1 v; shift
-    timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" > "$OUT/$name-server.txt" 2>&1 &
+  ibw() { # ibw NAME [-s BYTES] EXTRA-FLAGS...: one ib_write_bw run; MB/s appended to NAME.MBps.txt
+    local name=$1 size=$BYTES iters=$IBW_ITERS v; shift
+    if [ "${1:-}" = -s ]; then
+      # Smaller messages, as many iterations as make the same bytes.
+      size=$2; iters=$(( IBW_ITERS * BYTES / size )); shift 2
+    fi
+    timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$size" -n "$iters" "$@" > "$OUT/$name-server.txt" 2>&1 &
     local srv=$!
     # The server takes a while to listen under emulation: retry.
     for try in 1 2 3 4 5 6 7 8 9 10; do
       sleep 1
-      timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$BYTES" -n "$IBW_ITERS" "$@" 127.0.0.1 > "$OUT/$name.txt" 2>&1
+      timeout 300 ib_write_bw -d rxe0 -x 1 -F -s "$size" -n "$iters" "$@" 127.0.0.1 > "$OUT/$name.txt" 2>&1
       grep -q "Couldn't connect" "$OUT/$name.txt" || break
     done
     wait $srv
-    v=$(awk -v s="$BYTES" '$1==s {print $4}' "$OUT/$name.txt" | tail -1)
+    v=$(awk -v s="$size" '$1==s {print $4}' "$OUT/$name.txt" | tail -1)
     echo "$name: ${v:-failed} MB/s"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
@@ -153,6 +157,9 @@ if [ "$RUN_BENCH" = 1 ]; then
   for round in $(seq "$ROUNDS"); do
     ibw ibw-uni
     ibw ibw-bi -b
+    # ib_write_bw with messages of ringcc's default slice (1 MiB): what
+    # this device does with the message size ringcc actually posts.
+    ibw ibw-uni-1m -s 1048576
     ringcc ringcc-c1 1
     ringcc ringcc-c2 2
     [ -n "$PERF_BIN" ] && perf perf-c2 2
@@ -184,7 +191,7 @@ ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a faile
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
-  for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do touch "$O/$f.MBps.txt"; done
+  for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do touch "$O/$f.MBps.txt"; done
   uni=$(median < "$O/ibw-uni.MBps.txt")
   bi=$(median < "$O/ibw-bi.MBps.txt")
   c1=$(median < "$O/ringcc-c1.MBps.txt")
@@ -194,6 +201,9 @@ if [ "$RUN_BENCH" = 1 ]; then
   bp=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   bc=$(median < "$O/bcast-c2.MBps.txt")
   rb=$(ratios "$O/bcast-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
+  u1=$(median < "$O/ibw-uni-1m.MBps.txt")
+  r1m=$(ratios "$O/ibw-uni-1m.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
+  rp1m=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-uni-1m.MBps.txt" | median)
   pg=$(median < "$O/perf-c2-big.MBps.txt")
   rg=$(ratios "$O/perf-c2-big.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
@@ -212,7 +222,8 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "#   (its avg_busbw: out-of-place and in-place columns), and \`ringcc perf broadcast\`"
     echo "#   (one direction, no reduction: the transport alone), and the perf AllReduce"
     echo "#   with a 4x FIFO (RINGCC_SLOT_BYTES=2M: a quarter of the messages per byte)"
-    for f in ibw-uni ibw-bi ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do
+    echo "#   ib_write_bw with 1 MiB messages (ringcc's default slice), same bytes"
+    for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
     echo "ib_write_bw_MBps=${uni:-?}"
@@ -228,6 +239,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ratio_perf_2ch_vs_ib_write_bw_bidir_per_direction=${bp:-?}"
     echo "ringcc_perf_broadcast_busbw_2ch_MBps=${bc:-?}"
     echo "ratio_perf_broadcast_2ch_vs_ib_write_bw=${rb:-?}"
+    echo "ib_write_bw_1MiB_messages_MBps=${u1:-?}"
+    echo "ratio_ib_write_bw_1MiB_vs_16MiB_messages=${r1m:-?}"
+    echo "ratio_perf_2ch_vs_ib_write_bw_1MiB_messages=${rp1m:-?}"
     echo "ringcc_perf_allreduce_busbw_2ch_fifo16m_MBps=${pg:-?}"
     echo "ratio_perf_2ch_fifo16m_vs_ib_write_bw=${rg:-?}"
   } > "$TARGET/verbs-bench.txt"

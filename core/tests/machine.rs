@@ -66,6 +66,57 @@ fn waits_for_data_and_credit() {
     assert_eq!(e.send.unwrap().step, 2);
 }
 
+/// The machine stores no copy of its outstanding exec: `pending` rebuilds
+/// it, and must give exactly what `poll_action` handed out, slice after
+/// slice, until it is done.
+#[test]
+fn pending_is_the_exec_last_emitted() {
+    let mut m = machine();
+    assert_eq!(m.pending(), None);
+    let mut seen = 0;
+    for round in 1..=20u64 {
+        while let Some(a) = m.poll_action().unwrap() {
+            match a {
+                Action::Exec(e) => {
+                    assert!(m.is_busy());
+                    assert_eq!(m.pending(), Some(e));
+                    // Waiting on data or credit does not change it.
+                    assert_eq!(m.poll_action().unwrap(), None);
+                    assert_eq!(m.pending(), Some(e));
+                    m.handle_exec_done().unwrap();
+                    assert!(!m.is_busy());
+                    assert_eq!(m.pending(), None);
+                    seen += 1;
+                }
+                Action::ReturnCredit { .. } => assert_eq!(m.pending(), None),
+                Action::Done => {}
+            }
+        }
+        if round == 1 {
+            m.handle_header(0, call(0, 64)).unwrap();
+        }
+        // The predecessor posts one more slot per round (12 in all).
+        m.handle_tail(round.min(12)).unwrap();
+        let sent = m.send_next();
+        m.handle_head(sent).unwrap();
+    }
+    // 7 steps of 2 slices (64 B chunks, 32 B slices).
+    assert_eq!(seen, 14);
+    assert!(m.is_done());
+}
+
+/// A failed machine answers every poll with the error it failed with.
+#[test]
+fn failure_is_kept() {
+    let mut m = machine();
+    let err = m.handle_tail(100).unwrap_err();
+    assert_eq!(err, Error::Protocol(ProtocolViolation::Overrun));
+    assert_eq!(m.error(), Some(err));
+    assert_eq!(m.poll_action(), Err(err));
+    assert_eq!(m.poll_action(), Err(err));
+    assert_eq!(m.handle_head(0), Err(Error::Finished));
+}
+
 #[test]
 fn mismatched_header_is_a_typed_error() {
     let mut m = machine();
