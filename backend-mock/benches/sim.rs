@@ -97,6 +97,11 @@ fn main() {
     if want("timing-128") {
         case("timing-128", timing(16), gib);
     }
+    // Between the two: the cost per slice as the lanes outgrow the caches
+    // (the work per slice is the same at every size).
+    if want("timing-512") {
+        case("timing-512", timing(64), gib);
+    }
     if want("timing-1024") {
         case("timing-1024", timing(128), gib);
     }
