@@ -3,7 +3,8 @@
 #
 #   1. system packages (apt-get, idempotent) and tools
 #   2. formatting            cargo fmt --check
-#   3. lints                 cargo clippy -D warnings
+#   3. lints                 cargo clippy -D warnings; the API docs build
+#                            without warnings (broken links fail)
 #   4. unit + property tests cargo test --release (workspace)
 #   5. loom models           the slot FIFO under every interleaving
 #   6. no_std check          a freestanding binary links the core; defmt builds
@@ -74,6 +75,7 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 # The CLI's optional backends (the default build has the simulator and CUDA).
 cargo clippy --locked -p ringcc --all-targets --features verbs -- -D warnings
 cargo clippy --locked --manifest-path nostd-check/Cargo.toml -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps -q
 done_stage
 
 stage "4. unit and property tests"

@@ -13,14 +13,14 @@
 //!   ring index and hop kind (NVLink or NIC) for every rank in O(1).
 //! - [`plan`] turns one collective call (AllReduce, ReduceScatter,
 //!   AllGather, Broadcast, Reduce) into, per channel and rank, an iterator of
-//!   [`Step`](plan::Step)s: which [`Primitive`](prim::Primitive) (NCCL's
+//!   [`Step`]s: which [`Primitive`] (NCCL's
 //!   `send`, `recvReduceSend`, `recvReduceCopySend`, `recvCopySend`, `recv`,
 //!   …), on which chunk, at which offsets.
-//! - [`prim`] holds the primitives and the sans-IO [`Machine`](prim::Machine)
+//! - [`prim`] holds the primitives and the sans-IO [`Machine`]
 //!   that walks a plan: it waits for data from the predecessor and credit
 //!   from the successor ([`fifo`]'s slot rules), asks its backend to
 //!   reduce / copy / send one slice at a time, returns credit, checks that
-//!   both neighbours made the same call (a [`CallDesc`](plan::CallDesc)
+//!   both neighbours made the same call (a [`CallDesc`]
 //!   header on every connection's first message), and finishes only when
 //!   everything it sent was consumed.
 //! - [`fifo`] is the flow control itself: 8 slots per connection, `head` and

@@ -3,7 +3,7 @@
 //! - [`exec`]: an in-memory executor that runs a collective over `n` ranks'
 //!   buffers through the core's state machines with a seeded random
 //!   interleaving, checking flow control independently of the machines.
-//! - [`reference`]: exact inputs and the reference results they must give.
+//! - [`reference`](mod@reference): exact inputs and the reference results they must give.
 //! - [`shm`]: ranks as real threads over the core's shared-memory FIFOs,
 //!   each driven by the core's firmware `BlockingDriver`.
 //!

@@ -126,7 +126,7 @@ enum Phase {
     Busy,
     /// `Done` emitted.
     Done,
-    /// Failed (with [`Machine::failure`]); accepts nothing more.
+    /// Failed (the error is in `Machine::failure`); accepts nothing more.
     Failed,
 }
 
