@@ -15,7 +15,8 @@
 # Environment: CARGO_TARGET_DIR (default target/), RXE_VM_TIMEOUT (s, 1200),
 # VERBS_BENCH_BYTES (16777216), VERBS_BENCH_ITERS (ringcc, 5),
 # IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3); RINGCC_SLOT_BYTES,
-# RINGCC_SLOTS_PER_SLICE and RINGCC_CHUNK_BYTES pass through to the ranks.
+# RINGCC_SLOTS_PER_SLICE, RINGCC_CHUNK_BYTES, RINGCC_SPIN_US and RUST_LOG
+# pass through to the ranks.
 # Needs root for apt-get when packages are missing (cmake and libclang-dev for the build;
 # the VM's own list in scripts/rxe-vm.sh).
 set -euo pipefail

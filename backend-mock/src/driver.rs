@@ -130,7 +130,6 @@ impl Sim {
         let (Hop::Net { .. }, Some(span)) = (t.hop, e.send) else {
             return Ok(());
         };
-        let qp_tx = self.cold[l as usize].mem.qp_tx;
         let g = self.cfg.geometry;
         let succ = self.fab.lane(t.channel, t.next);
         let m = self.cold[l as usize].mem;
@@ -172,12 +171,12 @@ impl Sim {
             },
         )?;
         for wr in writes {
-            self.nic.qps[qp_tx as usize]
+            self.nic.qps[m.qp_tx as usize]
                 .post_send(&wr)
                 .map_err(|e| post_error(t.rank, t.channel, e))?;
             self.stats.work_requests += 1;
         }
-        self.ring_doorbell(qp_tx);
+        self.ring_doorbell(m.qp_tx);
         Ok(())
     }
 
@@ -187,7 +186,6 @@ impl Sim {
         let Hop::Net { .. } = self.fab.lanes[pred as usize].hop else {
             return Ok(());
         };
-        let qp_rx = self.cold[pred as usize].mem.qp_rx;
         let pm = self.cold[pred as usize].mem;
         let counter = RemoteCounter {
             addr: Memory::va(t.prev, pm.counter),
@@ -204,11 +202,11 @@ impl Sim {
         wr.opcode = WrOpcode::RdmaWriteWithImm;
         wr.imm = head as u32;
         wr.flags |= SendFlags::SIGNALED;
-        self.nic.qps[qp_rx as usize]
+        self.nic.qps[pm.qp_rx as usize]
             .post_send(&wr)
             .map_err(|e| post_error(t.rank, t.channel, e))?;
         self.stats.work_requests += 1;
-        self.ring_doorbell(qp_rx);
+        self.ring_doorbell(pm.qp_rx);
         Ok(())
     }
 

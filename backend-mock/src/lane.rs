@@ -131,7 +131,7 @@ pub(crate) struct Lane {
     pub credit_blocked: bool,
     /// Whether the lane's last step began.
     pub in_final: bool,
-    /// (loop, step) of the lane's last step.
+    /// Step index and loop of the lane's last step.
     pub final_index: u32,
     pub final_loop: u64,
     /// Last time an event reached the lane (for the deadline).

@@ -28,7 +28,7 @@
 //!   two, tested). The engine is a calendar queue with O(1) pushes and
 //!   pops, credits are handed over lazily (an event only for a lane that
 //!   waits for one), so a slice costs about two events: 1024 ranks x 16
-//!   channels, 1 GiB AllReduce (33.5 M slices, 75 M events) in about five
+//!   channels, 1 GiB AllReduce (33.5 M slices, 75 M events) in about four
 //!   seconds on one core. At that size the 16 K lanes outgrow the caches:
 //!   a lane keeps what events touch in five cache lines (its own two, then
 //!   the core machine's hot fields), the lanes sit on huge pages, and the

@@ -147,9 +147,6 @@ impl Sim {
         };
         if sim.cfg.payload {
             sim.setup_payload()?;
-            for (lane, t) in sim.lanes.iter_mut().zip(&sim.fab.lanes) {
-                lane.t = *t;
-            }
         }
         for (r, t) in sim.faults.rank_dies.clone().into_iter().enumerate() {
             if let Some(t) = t {

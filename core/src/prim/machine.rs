@@ -441,10 +441,7 @@ impl<M: RingOrder> Machine<M> {
             Phase::Done => return Ok(None),
             Phase::Idle | Phase::Busy => {}
         }
-        match self.next_action() {
-            Ok(a) => Ok(a),
-            Err(e) => Err(self.fail(e)),
-        }
+        self.next_action().map_err(|e| self.fail(e))
     }
 
     /// The exec for the current slice of the current step, with the
