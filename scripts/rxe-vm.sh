@@ -28,7 +28,10 @@
 #   through rxe's loopback; two rxe devices in one network namespace cannot
 #   reach each other (their packets go through `lo` and are dropped).
 # - GID index 1 is the IPv4-mapped RoCEv2 GID of the veth address.
-# - /tmp inside the VM is an empty tmpfs: keep binaries elsewhere.
+# - /tmp inside the VM is a fresh tmpfs (programs there need it writable);
+#   the directory under /tmp that holds the current directory or
+#   $CARGO_TARGET_DIR (a checkout in /tmp/x) is bound into it read-only,
+#   so that such a checkout runs too.
 #
 # Scratch shared with this machine, writable from the VM at the same path:
 # $RXE_VM_OUT (default: a new directory under $RXE_VM_WORK, which defaults
@@ -73,7 +76,8 @@ done
 [ -n "$KVER" ] || { echo "rxe-vm: no kernel image with modules in /boot" >&2; exit 2; }
 KERNEL=/boot/vmlinuz-$KVER
 
-INITRD=$WORK/initrd-$KVER.gz
+# (v2: the init binds the host's /tmp entries named on the command line.)
+INITRD=$WORK/initrd-$KVER-v2.gz
 if [ ! -s "$INITRD" ]; then
   R=$(mktemp -d "$WORK/initrd-root.XXXXXX"); mkdir -p "$R"/{bin,mods,proc,sys,dev,newroot}
   cp /bin/busybox "$R/bin/busybox"
@@ -88,7 +92,11 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in $(cat /modules.order); do insmod /mods/$m; done
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /newroot || poweroff -f
 for d in proc sys dev; do mount --bind /$d /newroot/$d; done
+mkdir -p /hosttmp; mount --bind /newroot/tmp /hosttmp
 mount -t tmpfs tmpfs /newroot/tmp; mount -t tmpfs tmpfs /newroot/run
+for d in $(sed -n 's/.*rxetmp=\([^ ]*\).*/\1/p' /proc/cmdline | tr , ' '); do
+  mkdir -p "/newroot/tmp/$d" && mount --bind "/hosttmp/$d" "/newroot/tmp/$d"
+done
 OUTDIR=$(sed -n 's/.*rxeout=\([^ ]*\).*/\1/p' /proc/cmdline)
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=262144 outdir /newroot$OUTDIR
 chroot /newroot /bin/bash $OUTDIR/.vm-entry.sh
@@ -125,10 +133,18 @@ mkdir -p "$OUT"
   echo 'rc=$?; echo "RXE-VM-CMD-RC $rc"; exit $rc'
 } > "$OUT/.vm-entry.sh"
 
+# Top-level entries of /tmp that the command needs from this machine.
+TMP_KEEP=""
+for p in "$PWD" "${CARGO_TARGET_DIR:-}"; do
+  case "$p" in
+    /tmp/?*) d=${p#/tmp/}; d=${d%%/*}; case ",$TMP_KEEP," in *",$d,"*) ;; *) TMP_KEEP=${TMP_KEEP:+$TMP_KEEP,}$d;; esac;;
+  esac
+done
+
 LOG=$OUT/console.log
 timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$MEM" -smp "$SMP" \
   -nographic -no-reboot -nic none -kernel "$KERNEL" -initrd "$INITRD" \
-  -append "console=ttyS0 quiet rxeout=$OUT" \
+  -append "console=ttyS0 quiet rxeout=$OUT${TMP_KEEP:+ rxetmp=$TMP_KEEP}" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -virtfs local,path="$OUT",mount_tag=outdir,security_model=none \
   > "$LOG" 2>&1 || true
