@@ -80,6 +80,10 @@ done_stage
 
 stage "4. unit and property tests"
 cargo test --locked --workspace --release
+# The command's tests again with the verbs backend compiled in (its
+# rendezvous and log output on a machine without an RDMA device; the same
+# binary then runs in the Soft-RoCE VM of stage 8).
+cargo test --locked -p ringcc --release --features verbs --test cli
 done_stage
 
 stage "5. loom models"

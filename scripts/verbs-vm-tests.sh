@@ -3,7 +3,8 @@
 # multi-process tests and its rank binary here, boots ONE VM with an RDMA
 # device (scripts/rxe-vm.sh) and runs in it
 #   1. the multi-process tests (backend-verbs/tests/vm.rs, --ignored):
-#      2, 3, 4 and 8 ranks, every collective, faults;
+#      2, 3, 4 and 8 ranks, every collective, faults, and the `ringcc perf
+#      --backend verbs` command itself;
 #   2. the benchmark: ib_write_bw (unidirectional, and -b bidirectional) and
 #      a 2-rank ringcc AllReduce (1 and 2 channels), 16 MiB, same device,
 #      in interleaved rounds.
@@ -61,15 +62,11 @@ rm -f "$BUILD_LOG"
 case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
 RANK_BIN=$TARGET/release/examples/verbs_rank
 [ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
-# The `ringcc perf --backend verbs` command, measured next to the rest.
-PERF_BIN=""
-if [ "$RUN_BENCH" = 1 ]; then
-  if cargo build --release -q -p ringcc --features verbs; then
-    PERF_BIN=$TARGET/release/ringcc
-  else
-    echo "verbs-vm-tests: cannot build ringcc --features verbs" >&2
-  fi
-fi
+# The `ringcc perf --backend verbs` command: tested (tests/vm.rs runs it as
+# users do) and measured next to the rest.
+cargo build --locked --release -q -p ringcc --features verbs
+PERF_BIN=$TARGET/release/ringcc
+[ -x "$PERF_BIN" ] || { echo "verbs-vm-tests: no $PERF_BIN" >&2; exit 1; }
 T_BUILT=$(date +%s)
 
 # Scratch shared with the VM: a directory of this run's own (copied to
@@ -95,7 +92,7 @@ ROUNDS=${VERBS_BENCH_ROUNDS:-3}
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
   cat <<'VM'
-export RINGCC_VERBS_RANK_BIN=$RANK_BIN
+export RINGCC_VERBS_RANK_BIN=$RANK_BIN RINGCC_CLI_BIN=$PERF_BIN
 trc=0
 if [ "$RUN_TESTS" = 1 ]; then
   t0=$(date +%s)

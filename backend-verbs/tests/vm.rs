@@ -23,6 +23,17 @@ fn rank_bin() -> PathBuf {
     profile_dir.join("examples").join("verbs_rank")
 }
 
+/// The `ringcc` command built with `--features verbs`:
+/// `RINGCC_CLI_BIN`, or `ringcc` in the profile directory above `deps/`.
+fn cli_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RINGCC_CLI_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    profile_dir.join("ringcc")
+}
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
@@ -60,12 +71,22 @@ struct Job {
 impl Job {
     /// Starts `n` ranks of `verbs_rank args…`; `env(rank)` adds variables.
     fn start(n: u32, args: &[&str], env: impl Fn(u32) -> Vec<(String, String)>) -> Job {
+        Job::start_bin(&rank_bin(), n, args, env)
+    }
+
+    /// Starts `n` ranks of `bin args…`; `env(rank)` adds variables.
+    fn start_bin(
+        bin: &std::path::Path,
+        n: u32,
+        args: &[&str],
+        env: impl Fn(u32) -> Vec<(String, String)>,
+    ) -> Job {
         let port = free_port();
         let token = format!("vm-test-{port}");
         let (tx, rx) = mpsc::channel();
         let mut children = Vec::new();
         for r in 0..n {
-            let mut cmd = Command::new(rank_bin());
+            let mut cmd = Command::new(bin);
             cmd.args(args)
                 .env("RINGCC_RANK", r.to_string())
                 .env("RINGCC_WORLD_SIZE", n.to_string())
@@ -79,7 +100,7 @@ impl Job {
             }
             let mut child = cmd
                 .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", rank_bin()));
+                .unwrap_or_else(|e| panic!("cannot start {bin:?}: {e}"));
             for (is_err, pipe) in [
                 (
                     false,
@@ -371,11 +392,9 @@ fn fault_killing_rank_0_and_its_store_fails_the_others() {
     killed(0);
 }
 
-#[test]
-#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
-fn fault_a_stranger_with_the_wrong_token_is_rejected_and_the_job_runs() {
-    let mut job = Job::start(2, &["suite", "--sizes", "1,1000"], |_| vars(&SMALL));
-    // Wait until rank 0 serves, then knock with the wrong token as rank 1.
+/// Knocks on `job`'s store with the wrong token, as rank 1, once rank 0
+/// serves; the stranger must be told why it is turned away.
+fn knock_as_stranger(job: &Job) {
     thread::sleep(Duration::from_millis(500));
     let addr = job.addr.clone();
     let stranger = Command::new(rank_bin())
@@ -390,11 +409,85 @@ fn fault_a_stranger_with_the_wrong_token_is_rejected_and_the_job_runs() {
     println!("stranger: {s_out}");
     assert_eq!(stranger.status.code(), Some(0), "stranger: {s_out}");
     assert!(s_out.contains("token"), "{s_out}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_a_stranger_with_the_wrong_token_is_rejected_and_the_job_runs() {
+    let mut job = Job::start(2, &["suite", "--sizes", "1,1000"], |_| vars(&SMALL));
+    knock_as_stranger(&job);
     let exits = job.finish(Duration::from_secs(300));
     assert_all_ok(&exits);
     assert!(
         exits[0].err.contains("rejected connection"),
         "rank 0 did not log the rejection: {}",
+        exits[0].err
+    );
+}
+
+/// The `ringcc perf --backend verbs` command itself, as users run it (one
+/// rank per process, the launcher's variables): every size checks clean,
+/// and a stranger knocking on rank 0's store is turned away with a log
+/// line on rank 0's stderr while the job runs on.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
+    let args = [
+        "perf",
+        "allreduce",
+        "--backend",
+        "verbs",
+        "-b",
+        "4",
+        "-e",
+        "128K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ];
+    let mut job = Job::start_bin(&cli_bin(), 2, &args, |_| {
+        let mut v = vars(&SMALL);
+        v.push(("RINGCC_NCHANNELS".into(), "2".into()));
+        v
+    });
+    knock_as_stranger(&job);
+    let exits = job.finish(Duration::from_secs(300));
+    for e in &exits {
+        assert_eq!(
+            e.code,
+            Some(0),
+            "rank {} failed:\n{}\n{}",
+            e.rank,
+            e.out,
+            e.err
+        );
+    }
+    // Rank 0 prints the table (as nccl-tests' first rank does): 4 B to
+    // 128 KiB by 8x is 6 sizes, each with 0 wrong out of place and in
+    // place (every rank's result is checked and the counts summed).
+    let out = &exits[0].out;
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 6, "{out}");
+    for r in &rows {
+        assert_eq!(r.len(), 13, "{r:?}");
+        assert_eq!((r[8], r[12]), ("0", "0"), "wrong values in {r:?}");
+    }
+    assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
+    assert!(
+        exits[0].err.contains("rendezvous: rejected connection"),
+        "rank 0 did not log the rejection: {}",
+        exits[0].err
+    );
+    assert!(
+        !exits[0].err.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal: {}",
         exits[0].err
     );
 }

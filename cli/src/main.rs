@@ -14,6 +14,20 @@ use clap::Parser;
 use crate::args::{Cli, Command};
 use crate::error::CliError;
 
+/// The backends' log lines (a rendezvous that rejects a stranger, a rank
+/// that fails or learns of another's abort, `RUST_LOG=ringcc_verbs=debug`'s
+/// per-call timings) go to stderr, filtered by `RUST_LOG`; warnings and
+/// errors when it is unset or unreadable. stdout stays the perf table.
+fn init_log() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 fn run(cli: Cli) -> Result<i32, CliError> {
     match cli.command {
         Command::Perf(a) => {
@@ -34,6 +48,7 @@ fn run(cli: Cli) -> Result<i32, CliError> {
 
 fn main() {
     let cli = Cli::parse();
+    init_log();
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {

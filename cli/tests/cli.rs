@@ -370,3 +370,67 @@ fn mistakes_get_one_clear_line_and_a_nonzero_exit() {
         assert!(lines <= 3, "{args:?}: more than a clear line: {err}");
     }
 }
+
+/// `ringcc perf --backend verbs` as rank 0 of a 2-rank job whose rank 1
+/// never comes: rank 0 serves the store, fails (here: no RDMA device; on a
+/// machine with one: no rank 1 within the connect deadline) and gives up
+/// by itself, and the backend's log reaches stderr, without colour codes
+/// when stderr is not a terminal: the store's line saying that rank 0
+/// aborted, then the command's one-line error.
+#[cfg(feature = "verbs")]
+#[test]
+fn verbs_rank_without_its_peer_fails_with_the_backends_log_on_stderr() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let t0 = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ringcc"))
+        .args([
+            "perf",
+            "allreduce",
+            "--backend",
+            "verbs",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ])
+        .env("RINGCC_RANK", "0")
+        .env("RINGCC_WORLD_SIZE", "2")
+        .env("RINGCC_ADDR", format!("127.0.0.1:{port}"))
+        .env("RINGCC_TOKEN", "the-job")
+        .env("RINGCC_CONNECT_TIMEOUT", "4")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringcc");
+    let deadline = t0 + Duration::from_secs(30);
+    while child.try_wait().expect("wait ringcc").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rank 0 still waits for rank 1 after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().expect("ringcc output");
+    let err = stderr(&o);
+    assert!(
+        !o.status.success(),
+        "rank 0 without rank 1 succeeded:\n{err}"
+    );
+    assert!(
+        err.contains("WARN") && err.contains("rendezvous: rank aborts: rank 0 failed during setup"),
+        "the store's log line is not on stderr:\n{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "colour codes on a pipe:\n{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("ringcc: verbs: "),
+        "the last line is not ringcc's error:\n{err}"
+    );
+}
