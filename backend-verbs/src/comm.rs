@@ -349,6 +349,7 @@ impl Communicator {
             input_mr,
             output_mr,
             host_time: std::time::Duration::ZERO,
+            post_time: std::time::Duration::ZERO,
         };
         let r = self.engine.run_call(&mut machines, &mut ctx, &self.abort);
         debug!(
@@ -356,6 +357,7 @@ impl Communicator {
             register_us = reg_us,
             run_us = t_run.elapsed().as_micros(),
             host_us = ctx.host_time.as_micros(),
+            post_us = ctx.post_time.as_micros(),
             "verbs: call done"
         );
         if r.is_err() {

@@ -51,6 +51,10 @@ pub(crate) struct CallCtx<'a> {
     pub output_mr: Vec<Option<UserMr<'a>>>,
     /// Time spent reducing and copying on the host (for the debug log).
     pub host_time: Duration,
+    /// Time spent in `ibv_post_send` for data writes (for the debug log):
+    /// on a software device (Soft-RoCE) the kernel moves the bytes in the
+    /// poster's context, so this is where its transfer work shows.
+    pub post_time: Duration,
 }
 
 /// Everything a rank's data path owns.

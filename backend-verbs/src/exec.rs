@@ -204,7 +204,9 @@ impl Engine {
         // (registered for this call, which returns only after every data
         // write completed or every queue pair was flushed) or a staging
         // slot (not rewritten before this write completes).
+        let t_post = std::time::Instant::now();
         let n = unsafe { s.qp.post_writes(writes)? };
+        ctx.post_time += t_post.elapsed();
         s.out.posted(wr_id, n);
         Ok(())
     }
