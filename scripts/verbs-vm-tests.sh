@@ -124,12 +124,17 @@ if [ "$RUN_BENCH" = 1 ]; then
     # A port below the ephemeral range, so that no live connection holds it.
     local name=$1 port=$(( 20000 + RANDOM % 10000 )) v r
     rm -f "$OUT/$name.json"
+    # The debug log's per-call line splits each call's time (see below).
     for r in 0 1; do
+      RUST_LOG=${RUST_LOG:-ringcc_verbs=debug} \
       RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
         RINGCC_NCHANNELS=$2 timeout 600 "$RANK_BIN" bench --bytes "$BYTES" --iters "$ITERS" \
         --warmup 1 --out "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
     wait
+    # Rank 0's timed calls (call #0 is the warm-up), kept over the rounds.
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/$name-0.txt" | grep -a 'verbs: call done' \
+      | grep -v 'call=#0 ' >> "$OUT/$name.calls.txt"
     v=$(sed -n 's/.*"busbw_MBps":\([0-9.]*\).*/\1/p' "$OUT/$name.json" 2>/dev/null)
     echo "$name: ${v:-failed} MB/s"
     [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
@@ -184,6 +189,14 @@ median() { # median of the numbers on stdin, one per line (none: nothing)
   grep -E '^[0-9]+([.][0-9]*)?$' | sort -g \
     | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
 }
+time_split() { # where the time of rank 0's timed calls went: "post P% host H% wait W%"
+  # (post: inside ibv_post_send, where Soft-RoCE moves the bytes in the
+  # poster's thread; host: reductions and copies; wait: the rest, mostly
+  # waiting for the peer)
+  sed 's/\x1b\[[0-9;]*m//g' "$1" 2>/dev/null \
+    | sed -n 's/.*run_us=\([0-9]*\) host_us=\([0-9]*\) post_us=\([0-9]*\).*/\1 \2 \3/p' \
+    | awk '{r+=$1; h+=$2; p+=$3; n++} END {if (n && r) printf "post %.0f%% host %.0f%% wait %.0f%% (%d calls, %.0f ms each)", 100*p/r, 100*h/r, 100*(r-h-p)/r, n, r/n/1000}'
+}
 ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a failed run)
   paste -d' ' "$1" "$2" | awk -v d="${3:-1}" '$1+0 > 0 && $2+0 > 0 {printf "%.3f\n", $1/($2/d)}'
 }
@@ -210,6 +223,8 @@ if [ "$RUN_BENCH" = 1 ]; then
   # per rank) against -b's rate per direction (half its sum).
   b1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   b2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
+  s1=$(time_split "$O/ringcc-c1.calls.txt")
+  s2=$(time_split "$O/ringcc-c2.calls.txt")
   {
     echo "# ringcc-verbs benchmark: Soft-RoCE (rxe0) in a qemu TCG VM, $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "# $BYTES-byte messages, $ROUNDS interleaved rounds (MB/s; each ratio is the median"
@@ -221,6 +236,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "#   (one direction, no reduction: the transport alone), and the perf AllReduce"
     echo "#   with a 4x FIFO (RINGCC_SLOT_BYTES=2M: a quarter of the messages per byte)"
     echo "#   ib_write_bw with 1 MiB messages (ringcc's default slice), same bytes"
+    echo "#   time_split: rank 0's timed verbs_rank calls: inside ibv_post_send (Soft-RoCE"
+    echo "#   moves the bytes there, in the poster's thread), host reductions and copies,"
+    echo "#   and the rest (waiting for the peer)"
     for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
@@ -233,6 +251,8 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ratio_2ch_vs_ib_write_bw=${r2:-?}"
     echo "ratio_1ch_vs_ib_write_bw_bidir_per_direction=${b1:-?}"
     echo "ratio_2ch_vs_ib_write_bw_bidir_per_direction=${b2:-?}"
+    echo "time_split_1ch=${s1:-?}"
+    echo "time_split_2ch=${s2:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw=${rp:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw_bidir_per_direction=${bp:-?}"
     echo "ringcc_perf_broadcast_busbw_2ch_MBps=${bc:-?}"

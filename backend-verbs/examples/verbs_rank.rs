@@ -63,6 +63,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args(std::env::args().skip(1).collect());
     let mode = args.0.first().cloned().unwrap_or_else(|| usage("no mode"));
