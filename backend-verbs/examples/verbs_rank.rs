@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! verbs_rank suite [--sizes 0,1,1000] [--seed S]   every collective, checked
-//! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE]
+//!                                                 (every other call on registered buffers)
+//! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE] [--registered]
 //! verbs_rank loop --bytes B --seconds S            allreduce until error/time
 //! verbs_rank mismatch                              rank 1 calls another count
 //! verbs_rank bad-rkey                              rank 1 advertises a bad rkey
@@ -48,6 +49,9 @@ impl Args {
         self.value(name)
             .map(|v| v.parse().unwrap_or_else(|_| usage(&format!("{name} {v}"))))
             .unwrap_or(default)
+    }
+    fn flag(&self, name: &str) -> bool {
+        self.0.iter().any(|a| a == name)
     }
 }
 
@@ -146,7 +150,18 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
             dtype,
             op,
         };
-        comm.run(call, &inp, &mut out)?;
+        if i % 2 == 1 {
+            // Every other call on registered buffers, run twice on the
+            // same registrations (the output reset in between).
+            let mut inp = inp;
+            let reg_in = comm.register(&mut inp)?;
+            let mut reg_out = comm.register(&mut out)?;
+            comm.run_registered(call, &reg_in, &mut reg_out)?;
+            reg_out.as_mut_slice().fill(0xEE);
+            comm.run_registered(call, &reg_in, &mut reg_out)?;
+        } else {
+            comm.run(call, &inp, &mut out)?;
+        }
         let what = format!("call {i}: {collective} count {count} {dtype} {op}");
         match expected(&plan, op, rank, salt) {
             Some(want) => {
@@ -196,15 +211,36 @@ fn bench(comm: &mut Communicator, args: &Args) -> Outcome {
     let bytes = args.num("--bytes", 16 << 20);
     let iters = args.num("--iters", 5).max(1);
     let warmup = args.num("--warmup", 1);
-    let (inp, mut out) = allreduce_buffers(comm, bytes);
-    for _ in 0..warmup {
-        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
-    }
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
-    }
-    let t = t0.elapsed().as_secs_f64() / iters as f64;
+    let (mut inp, mut out) = allreduce_buffers(comm, bytes);
+    let t = if args.flag("--registered") {
+        // The buffers registered once (as `ncclCommRegister`), every
+        // call on them.
+        let call = Call {
+            collective: Collective::AllReduce,
+            count: bytes / 4,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        };
+        let reg_in = comm.register(&mut inp)?;
+        let mut reg_out = comm.register(&mut out)?;
+        for _ in 0..warmup {
+            comm.run_registered(call, &reg_in, &mut reg_out)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            comm.run_registered(call, &reg_in, &mut reg_out)?;
+        }
+        t0.elapsed().as_secs_f64() / iters as f64
+    } else {
+        for _ in 0..warmup {
+            comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
+        }
+        t0.elapsed().as_secs_f64() / iters as f64
+    };
     if let Err(e) = check_sum(comm, &out) {
         return Ok(Err(e));
     }

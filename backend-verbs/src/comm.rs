@@ -50,6 +50,51 @@ impl AbortHandle {
     }
 }
 
+/// A caller's buffer registered once with every NIC of one communicator,
+/// as NCCL's `ncclCommRegister` does: calls given it through
+/// [`Communicator::run_registered`] skip the per-call `ibv_reg_mr` and
+/// `ibv_dereg_mr` (which pin and unpin every page, and on a hardware NIC
+/// can cost more than the transfer). The registration allows local access
+/// only and lasts while this value lives; it borrows the buffer for as
+/// long, so the memory cannot be freed or moved under it. Between calls
+/// the caller reads and writes the bytes through
+/// [`as_slice`](Registered::as_slice) and
+/// [`as_mut_slice`](Registered::as_mut_slice).
+pub struct Registered<'a> {
+    // Field order: the registrations go before the borrow ends.
+    mrs: NicMrs<'a>,
+    buf: &'a mut [u8],
+    owner: u64,
+}
+
+impl Registered<'_> {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.buf
+    }
+
+    /// The bytes, for writing between calls.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.buf
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// One buffer's registration on each NIC (`None`: empty buffer).
+type NicMrs<'a> = Vec<Option<UserMr<'a>>>;
+
+/// Each communicator's identity, for a [`Registered`]'s owner.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// One rank of a job: queue pairs to its ring neighbours on every
 /// channel, and the collectives over them.
 ///
@@ -66,6 +111,7 @@ impl AbortHandle {
 /// Broadcast non-root may pass an empty input and a Reduce non-root an
 /// empty output.
 pub struct Communicator {
+    id: u64,
     rank: u32,
     world: u32,
     config: Config,
@@ -141,6 +187,7 @@ impl Communicator {
             "verbs: communicator ready"
         );
         Ok(Communicator {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             rank,
             world,
             config,
@@ -258,13 +305,46 @@ impl Communicator {
         self.run(call(c, count, dtype, op), input, output)
     }
 
-    /// Runs `call` on this rank's buffers. Any error aborts the job and
-    /// leaves the communicator unusable.
-    pub fn run(&mut self, call: Call, input: &[u8], output: &mut [u8]) -> Result<()> {
+    /// Registers `buf` with every NIC of this communicator, for
+    /// [`run_registered`](Communicator::run_registered). Local access only.
+    /// A failure here (out of pinnable memory, say) is this rank's alone:
+    /// it neither aborts the job nor poisons the communicator.
+    pub fn register<'a>(&self, buf: &'a mut [u8]) -> Result<Registered<'a>> {
+        let mut mrs = Vec::with_capacity(self.engine.nics.len());
+        for nic in &self.engine.nics {
+            // SAFETY: `buf` is borrowed by the `Registered` for `'a`, so
+            // it stays allocated and in place while the registration
+            // lives; the registration is dropped with the `Registered`
+            // (field order) or, for the clones a call holds, before that
+            // call returns.
+            mrs.push(unsafe { UserMr::register(&nic.pd, buf.as_ptr(), buf.len(), &nic.name)? });
+        }
+        Ok(Registered {
+            mrs,
+            buf,
+            owner: self.id,
+        })
+    }
+
+    /// Runs `call` on buffers registered with this communicator
+    /// ([`register`](Communicator::register)): the same as
+    /// [`run`](Communicator::run) without registering them again.
+    pub fn run_registered(
+        &mut self,
+        call: Call,
+        input: &Registered<'_>,
+        output: &mut Registered<'_>,
+    ) -> Result<()> {
         if let Some(p) = &self.poisoned {
             return Err(Error::Poisoned(p.clone()));
         }
-        match self.run_inner(call, input, output) {
+        for (what, owner) in [("input", input.owner), ("output", output.owner)] {
+            if owner != self.id {
+                return Err(self.fail(Error::ForeignRegistration { what }));
+            }
+        }
+        let mrs = Some((input.mrs.clone(), output.mrs.clone()));
+        match self.run_inner(call, input.buf, output.buf, mrs) {
             Ok(()) => {
                 self.seq = self.seq.wrapping_add(1);
                 Ok(())
@@ -273,7 +353,30 @@ impl Communicator {
         }
     }
 
-    fn run_inner(&mut self, call: Call, input: &[u8], output: &mut [u8]) -> Result<()> {
+    /// Runs `call` on this rank's buffers. Any error aborts the job and
+    /// leaves the communicator unusable.
+    pub fn run(&mut self, call: Call, input: &[u8], output: &mut [u8]) -> Result<()> {
+        if let Some(p) = &self.poisoned {
+            return Err(Error::Poisoned(p.clone()));
+        }
+        match self.run_inner(call, input, output, None) {
+            Ok(()) => {
+                self.seq = self.seq.wrapping_add(1);
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// `mrs`: the buffers' registrations (per NIC), when the caller
+    /// registered them; `None` registers them for this call.
+    fn run_inner<'b>(
+        &mut self,
+        call: Call,
+        input: &'b [u8],
+        output: &'b mut [u8],
+        mrs: Option<(NicMrs<'b>, NicMrs<'b>)>,
+    ) -> Result<()> {
         if let Some(e) = self.abort.error() {
             return Err(e);
         }
@@ -323,22 +426,30 @@ impl Communicator {
                     .map_err(Error::core("Machine::new"))?,
             );
         }
-        // Register the caller's buffers on every device that sends.
+        // Register the caller's buffers on every device that sends,
+        // unless the caller did.
         let t_reg = std::time::Instant::now();
-        let nics = &self.engine.nics;
-        let mut input_mr = Vec::with_capacity(nics.len());
-        let mut output_mr = Vec::with_capacity(nics.len());
-        for nic in nics {
-            // SAFETY: both buffers outlive `ctx`, which holds the
-            // registrations and is dropped before this function returns;
-            // the engine returns only when no request reads them.
-            input_mr.push(unsafe {
-                UserMr::register(&nic.pd, input.as_ptr(), input.len(), &nic.name)?
-            });
-            output_mr.push(unsafe {
-                UserMr::register(&nic.pd, output.as_ptr(), output.len(), &nic.name)?
-            });
-        }
+        let (input_mr, output_mr) = match mrs {
+            Some(m) => m,
+            None => {
+                let nics = &self.engine.nics;
+                let mut input_mr = Vec::with_capacity(nics.len());
+                let mut output_mr = Vec::with_capacity(nics.len());
+                for nic in nics {
+                    // SAFETY: both buffers outlive `ctx`, which holds the
+                    // registrations and is dropped before this function
+                    // returns; the engine returns only when no request
+                    // reads them.
+                    input_mr.push(unsafe {
+                        UserMr::register(&nic.pd, input.as_ptr(), input.len(), &nic.name)?
+                    });
+                    output_mr.push(unsafe {
+                        UserMr::register(&nic.pd, output.as_ptr(), output.len(), &nic.name)?
+                    });
+                }
+                (input_mr, output_mr)
+            }
+        };
         let reg_us = t_reg.elapsed().as_micros();
         let t_run = std::time::Instant::now();
         let mut ctx = CallCtx {

@@ -121,6 +121,14 @@ pub enum Error {
         got: u64,
     },
     /// A broken invariant of this crate (a bug): never the caller's fault.
+    /// A [`Registered`](crate::Registered) buffer passed to another
+    /// communicator than the one that registered it (its registrations
+    /// belong to that one's protection domains).
+    #[error("the {what} buffer was registered with another communicator")]
+    ForeignRegistration {
+        /// `input` or `output`.
+        what: &'static str,
+    },
     #[error("internal error in ringcc-verbs: {0}")]
     Internal(String),
     /// The communicator already failed or was aborted; it accepts no more

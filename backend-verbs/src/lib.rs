@@ -18,7 +18,9 @@
 //! consumes it, and returns credit by writing its `head` into the
 //! sender's registered counter (also with an immediate, so that an idle
 //! rank sleeps on its completion channel instead of spinning). The
-//! caller's buffers are registered for local access only.
+//! caller's buffers are registered for local access only: by every call,
+//! or once with [`Communicator::register`] (as NCCL's `ncclCommRegister`)
+//! for the calls of [`Communicator::run_registered`].
 //!
 //! Setup goes through a TCP store served by rank 0 ([`rendezvous`]): each
 //! rank presents the job token, then the ranks exchange node names,
@@ -45,7 +47,7 @@ pub mod rendezvous;
 mod setup;
 mod wrid;
 
-pub use comm::{AbortHandle, Call, Communicator};
+pub use comm::{AbortHandle, Call, Communicator, Registered};
 pub use config::{Config, Fault};
 pub use error::{Error, Result};
 pub use launch::{Launch, Launcher};

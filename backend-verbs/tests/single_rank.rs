@@ -113,3 +113,79 @@ fn an_abort_handle_fails_the_next_call_and_never_blocks() {
         other => panic!("expected an abort, got {other:?}"),
     }
 }
+
+#[test]
+fn registered_buffers_run_many_calls_and_equal_the_reference() {
+    let mut comm = one_rank();
+    let count = 10_000u64;
+    let (dtype, op) = (DataType::F32, ReduceOp::Sum);
+    let plan = Plan::new(Collective::AllReduce, count, dtype, 1, 1, 64).unwrap();
+    let bytes = count as usize * 4;
+    let mut inp = vec![0u8; bytes];
+    let mut out = vec![0u8; bytes];
+    let input_reg = comm.register(&mut inp).unwrap();
+    let mut output_reg = comm.register(&mut out).unwrap();
+    assert_eq!((input_reg.len(), output_reg.is_empty()), (bytes, false));
+    let mut input_reg = input_reg;
+    for salt in 1..=3u64 {
+        // New data in the registered input between calls.
+        input_reg
+            .as_mut_slice()
+            .copy_from_slice(&input(&plan, op, 0, salt));
+        output_reg.as_mut_slice().fill(0xAB);
+        let call = Call {
+            collective: Collective::AllReduce,
+            count,
+            dtype,
+            op,
+        };
+        comm.run_registered(call, &input_reg, &mut output_reg)
+            .unwrap();
+        assert_eq!(
+            Some(output_reg.as_slice().to_vec()),
+            expected(&plan, op, 0, salt),
+            "call {salt}"
+        );
+    }
+    assert_eq!(comm.calls(), 3);
+    // The wrong length is the same typed error as for plain buffers.
+    let call = Call {
+        collective: Collective::AllReduce,
+        count: count + 1,
+        dtype,
+        op,
+    };
+    assert!(matches!(
+        comm.run_registered(call, &input_reg, &mut output_reg),
+        Err(Error::BadBuffer { what: "input", .. })
+    ));
+}
+
+#[test]
+fn a_buffer_registered_with_another_communicator_is_refused() {
+    let mut a = one_rank();
+    let b = one_rank();
+    let mut inp = vec![0u8; 64];
+    let mut out = vec![0u8; 64];
+    let theirs = b.register(&mut inp).unwrap();
+    let mut mine = a.register(&mut out).unwrap();
+    let call = Call {
+        collective: Collective::AllReduce,
+        count: 16,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+    };
+    match a.run_registered(call, &theirs, &mut mine) {
+        Err(Error::ForeignRegistration { what: "input" }) => {}
+        other => panic!("expected a foreign input registration, got {other:?}"),
+    }
+    // As with any misuse, the communicator is unusable afterwards.
+    let mut fresh = vec![0u8; 64];
+    assert!(matches!(
+        a.all_reduce(&fresh.clone(), &mut fresh, DataType::F32, ReduceOp::Sum),
+        Err(Error::Poisoned(_))
+    ));
+    // The registration outlives the communicator that made it.
+    drop(b);
+    assert_eq!(theirs.len(), 64);
+}

@@ -425,13 +425,10 @@ fn fault_a_stranger_with_the_wrong_token_is_rejected_and_the_job_runs() {
     );
 }
 
-/// The `ringcc perf --backend verbs` command itself, as users run it (one
-/// rank per process, the launcher's variables): every size checks clean,
-/// and a stranger knocking on rank 0's store is turned away with a log
-/// line on rank 0's stderr while the job runs on.
-#[test]
-#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
-fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
+/// Runs a 2-rank `ringcc perf allreduce --backend verbs -R <register>`
+/// (4 B to 128 KiB), optionally with a stranger knocking on rank 0's
+/// store, and checks that every rank succeeds and every size checks clean.
+fn cli_perf(register: &str, stranger: bool) -> Vec<Exit> {
     let args = [
         "perf",
         "allreduce",
@@ -447,13 +444,17 @@ fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
         "2",
         "-w",
         "1",
+        "-R",
+        register,
     ];
     let mut job = Job::start_bin(&cli_bin(), 2, &args, |_| {
         let mut v = vars(&SMALL);
         v.push(("RINGCC_NCHANNELS".into(), "2".into()));
         v
     });
-    knock_as_stranger(&job);
+    if stranger {
+        knock_as_stranger(&job);
+    }
     let exits = job.finish(Duration::from_secs(300));
     for e in &exits {
         assert_eq!(
@@ -480,6 +481,18 @@ fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
         assert_eq!((r[8], r[12]), ("0", "0"), "wrong values in {r:?}");
     }
     assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
+    assert!(out.contains(&format!("(-R {register})")), "{out}");
+    exits
+}
+
+/// The `ringcc perf --backend verbs` command itself, as users run it (one
+/// rank per process, the launcher's variables): every size checks clean,
+/// and a stranger knocking on rank 0's store is turned away with a log
+/// line on rank 0's stderr while the job runs on.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
+    let exits = cli_perf("0", true);
     assert!(
         exits[0].err.contains("rendezvous: rejected connection"),
         "rank 0 did not log the rejection: {}",
@@ -490,4 +503,12 @@ fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
         "colour codes in a log that is not a terminal: {}",
         exits[0].err
     );
+}
+
+/// `ringcc perf -R 1`: each size's buffers registered once
+/// (`Communicator::register`) and every timed call on them.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_with_buffers_registered_once_checks_clean() {
+    cli_perf("1", false);
 }

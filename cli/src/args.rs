@@ -170,6 +170,17 @@ pub struct PerfArgs {
     /// Which backend runs the collective.
     #[arg(long, value_enum, default_value_t = BackendArg::Mock)]
     pub backend: BackendArg,
+    /// 1: register the buffers with the backend once per size, before the
+    /// timed calls, as nccl-tests' `-R 1` does with `ncclCommRegister`
+    /// (verbs only: it skips the per-call `ibv_reg_mr`). 0: every call
+    /// registers its own.
+    #[arg(
+        short = 'R',
+        long = "local_register",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u8).range(0..=1)
+    )]
+    pub local_register: u8,
     /// The cluster's shape.
     #[command(flatten)]
     pub topo: TopoArgs,

@@ -144,7 +144,8 @@ impl HostBuf {
 
 /// A registration of a caller's buffer for local access only (the NIC
 /// reads it to send; nobody remote can touch it). Lives no longer than
-/// the buffer (`'a`).
+/// the buffer (`'a`). A clone shares the registration.
+#[derive(Clone)]
 pub(crate) struct UserMr<'a> {
     mr: Arc<MemoryRegion>,
     addr: u64,

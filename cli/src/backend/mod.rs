@@ -9,6 +9,11 @@ use crate::perf::PerfBackend;
 
 /// Opens the backend the flags ask for.
 pub fn open(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
+    if a.local_register != 0 && a.backend != BackendArg::Verbs {
+        return Err(CliError::usage(
+            "-R 1 registers buffers with an RDMA NIC: it needs --backend verbs",
+        ));
+    }
     match a.backend {
         BackendArg::Mock => Ok(Box::new(MockBackend::new(&a.topo)?)),
         BackendArg::Verbs => verbs(a),
@@ -18,7 +23,10 @@ pub fn open(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
 
 #[cfg(feature = "verbs")]
 fn verbs(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
-    Ok(Box::new(verbs::VerbsBackend::new(&a.topo)?))
+    Ok(Box::new(verbs::VerbsBackend::new(
+        &a.topo,
+        a.local_register != 0,
+    )?))
 }
 
 #[cfg(not(feature = "verbs"))]

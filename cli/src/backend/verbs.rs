@@ -16,6 +16,8 @@ use crate::perf::{PerfBackend, PerfCall};
 /// RDMA verbs as a `perf` backend.
 pub struct VerbsBackend {
     comm: Communicator,
+    /// Register each size's buffers once (`-R 1`).
+    register: bool,
     channels: u32,
     chunk_bytes: u64,
     salt: u64,
@@ -27,7 +29,7 @@ fn failed(e: ringcc_verbs::Error) -> CliError {
 
 impl VerbsBackend {
     /// Joins the job this process was launched into.
-    pub fn new(t: &TopoArgs) -> Result<VerbsBackend, CliError> {
+    pub fn new(t: &TopoArgs, register: bool) -> Result<VerbsBackend, CliError> {
         let mut config = Config::from_env().map_err(failed)?;
         if let Some(c) = t.channels {
             config.channels = c;
@@ -43,6 +45,7 @@ impl VerbsBackend {
         let comm = Communicator::new(launch, config).map_err(failed)?;
         Ok(VerbsBackend {
             comm,
+            register,
             channels,
             chunk_bytes,
             salt: 0x7665_7262,
@@ -99,11 +102,16 @@ impl PerfBackend for VerbsBackend {
 
     fn describe(&self) -> Vec<String> {
         vec![format!(
-            "Backend: verbs — {} rank(s), one per process, RC queue pairs, {} channel(s); this is rank {}. \
-             The API takes separate host buffers: the in-place columns repeat the out-of-place data path.",
+            "Backend: verbs — {} rank(s), one per process, RC queue pairs, {} channel(s); this is rank {}; \
+             buffers {}. The API takes separate host buffers: the in-place columns repeat the out-of-place data path.",
             self.comm.world_size(),
             self.channels,
-            self.comm.rank()
+            self.comm.rank(),
+            if self.register {
+                "registered once per size (-R 1)"
+            } else {
+                "registered by every call (-R 0)"
+            }
         )]
     }
 
@@ -122,16 +130,34 @@ impl PerfBackend for VerbsBackend {
         warmup: u32,
         iters: u32,
     ) -> Result<f64, CliError> {
-        let (_, input, mut output) = self.buffers(c)?;
+        let (_, mut input, mut output) = self.buffers(c)?;
         let call = Self::call(c);
-        for _ in 0..warmup {
-            self.comm.run(call, &input, &mut output).map_err(failed)?;
-        }
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            self.comm.run(call, &input, &mut output).map_err(failed)?;
-        }
-        let local = t0.elapsed().as_nanos() as u64 / u64::from(iters.max(1));
+        let local = if self.register {
+            let reg_in = self.comm.register(&mut input).map_err(failed)?;
+            let mut reg_out = self.comm.register(&mut output).map_err(failed)?;
+            for _ in 0..warmup {
+                self.comm
+                    .run_registered(call, &reg_in, &mut reg_out)
+                    .map_err(failed)?;
+            }
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                self.comm
+                    .run_registered(call, &reg_in, &mut reg_out)
+                    .map_err(failed)?;
+            }
+            t0.elapsed()
+        } else {
+            for _ in 0..warmup {
+                self.comm.run(call, &input, &mut output).map_err(failed)?;
+            }
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                self.comm.run(call, &input, &mut output).map_err(failed)?;
+            }
+            t0.elapsed()
+        };
+        let local = local.as_nanos() as u64 / u64::from(iters.max(1));
         Ok(self.agree(local, ReduceOp::Max)? as f64 * 1e-9)
     }
 
