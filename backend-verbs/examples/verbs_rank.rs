@@ -207,39 +207,44 @@ fn check_sum(comm: &Communicator, out: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// `warmup` untimed calls of `one`, then the mean time of `iters` more (s).
+fn timed(
+    comm: &mut Communicator,
+    warmup: u64,
+    iters: u64,
+    mut one: impl FnMut(&mut Communicator) -> Result<(), Error>,
+) -> Result<f64, Error> {
+    for _ in 0..warmup {
+        one(comm)?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        one(comm)?;
+    }
+    Ok(t0.elapsed().as_secs_f64() / iters as f64)
+}
+
 fn bench(comm: &mut Communicator, args: &Args) -> Outcome {
     let bytes = args.num("--bytes", 16 << 20);
     let iters = args.num("--iters", 5).max(1);
     let warmup = args.num("--warmup", 1);
     let (mut inp, mut out) = allreduce_buffers(comm, bytes);
+    let call = Call {
+        collective: Collective::AllReduce,
+        count: bytes / 4,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+    };
     let t = if args.flag("--registered") {
         // The buffers registered once (as `ncclCommRegister`), every
         // call on them.
-        let call = Call {
-            collective: Collective::AllReduce,
-            count: bytes / 4,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-        };
         let reg_in = comm.register(&mut inp)?;
         let mut reg_out = comm.register(&mut out)?;
-        for _ in 0..warmup {
-            comm.run_registered(call, &reg_in, &mut reg_out)?;
-        }
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            comm.run_registered(call, &reg_in, &mut reg_out)?;
-        }
-        t0.elapsed().as_secs_f64() / iters as f64
+        timed(comm, warmup, iters, |c| {
+            c.run_registered(call, &reg_in, &mut reg_out)
+        })?
     } else {
-        for _ in 0..warmup {
-            comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
-        }
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
-        }
-        t0.elapsed().as_secs_f64() / iters as f64
+        timed(comm, warmup, iters, |c| c.run(call, &inp, &mut out))?
     };
     if let Err(e) = check_sum(comm, &out) {
         return Ok(Err(e));

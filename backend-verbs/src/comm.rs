@@ -335,31 +335,35 @@ impl Communicator {
         input: &Registered<'_>,
         output: &mut Registered<'_>,
     ) -> Result<()> {
-        if let Some(p) = &self.poisoned {
-            return Err(Error::Poisoned(p.clone()));
-        }
-        for (what, owner) in [("input", input.owner), ("output", output.owner)] {
-            if owner != self.id {
-                return Err(self.fail(Error::ForeignRegistration { what }));
-            }
+        let foreign = [("input", input.owner), ("output", output.owner)]
+            .into_iter()
+            .find(|&(_, owner)| owner != self.id);
+        if let (Some((what, _)), None) = (foreign, &self.poisoned) {
+            return Err(self.fail(Error::ForeignRegistration { what }));
         }
         let mrs = Some((input.mrs.clone(), output.mrs.clone()));
-        match self.run_inner(call, input.buf, output.buf, mrs) {
-            Ok(()) => {
-                self.seq = self.seq.wrapping_add(1);
-                Ok(())
-            }
-            Err(e) => Err(self.fail(e)),
-        }
+        self.run_guarded(call, input.buf, output.buf, mrs)
     }
 
     /// Runs `call` on this rank's buffers. Any error aborts the job and
     /// leaves the communicator unusable.
     pub fn run(&mut self, call: Call, input: &[u8], output: &mut [u8]) -> Result<()> {
+        self.run_guarded(call, input, output, None)
+    }
+
+    /// [`run_inner`](Communicator::run_inner) on a usable communicator;
+    /// counts the call, or records the failure.
+    fn run_guarded<'b>(
+        &mut self,
+        call: Call,
+        input: &'b [u8],
+        output: &'b mut [u8],
+        mrs: Option<(NicMrs<'b>, NicMrs<'b>)>,
+    ) -> Result<()> {
         if let Some(p) = &self.poisoned {
             return Err(Error::Poisoned(p.clone()));
         }
-        match self.run_inner(call, input, output, None) {
+        match self.run_inner(call, input, output, mrs) {
             Ok(()) => {
                 self.seq = self.seq.wrapping_add(1);
                 Ok(())

@@ -120,7 +120,6 @@ pub enum Error {
         /// Bytes given.
         got: u64,
     },
-    /// A broken invariant of this crate (a bug): never the caller's fault.
     /// A [`Registered`](crate::Registered) buffer passed to another
     /// communicator than the one that registered it (its registrations
     /// belong to that one's protection domains).
@@ -129,6 +128,7 @@ pub enum Error {
         /// `input` or `output`.
         what: &'static str,
     },
+    /// A broken invariant of this crate (a bug): never the caller's fault.
     #[error("internal error in ringcc-verbs: {0}")]
     Internal(String),
     /// The communicator already failed or was aborted; it accepts no more

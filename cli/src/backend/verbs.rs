@@ -27,6 +27,23 @@ fn failed(e: ringcc_verbs::Error) -> CliError {
     CliError::failed(format!("verbs: {e}"))
 }
 
+/// `warmup` untimed calls of `one`, then the time of `iters` more.
+fn timed(
+    comm: &mut Communicator,
+    warmup: u32,
+    iters: u32,
+    mut one: impl FnMut(&mut Communicator) -> ringcc_verbs::Result<()>,
+) -> Result<std::time::Duration, CliError> {
+    for _ in 0..warmup {
+        one(comm).map_err(failed)?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        one(comm).map_err(failed)?;
+    }
+    Ok(t0.elapsed())
+}
+
 impl VerbsBackend {
     /// Joins the job this process was launched into.
     pub fn new(t: &TopoArgs, register: bool) -> Result<VerbsBackend, CliError> {
@@ -132,30 +149,15 @@ impl PerfBackend for VerbsBackend {
     ) -> Result<f64, CliError> {
         let (_, mut input, mut output) = self.buffers(c)?;
         let call = Self::call(c);
+        let comm = &mut self.comm;
         let local = if self.register {
-            let reg_in = self.comm.register(&mut input).map_err(failed)?;
-            let mut reg_out = self.comm.register(&mut output).map_err(failed)?;
-            for _ in 0..warmup {
-                self.comm
-                    .run_registered(call, &reg_in, &mut reg_out)
-                    .map_err(failed)?;
-            }
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                self.comm
-                    .run_registered(call, &reg_in, &mut reg_out)
-                    .map_err(failed)?;
-            }
-            t0.elapsed()
+            let reg_in = comm.register(&mut input).map_err(failed)?;
+            let mut reg_out = comm.register(&mut output).map_err(failed)?;
+            timed(comm, warmup, iters, |c| {
+                c.run_registered(call, &reg_in, &mut reg_out)
+            })?
         } else {
-            for _ in 0..warmup {
-                self.comm.run(call, &input, &mut output).map_err(failed)?;
-            }
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                self.comm.run(call, &input, &mut output).map_err(failed)?;
-            }
-            t0.elapsed()
+            timed(comm, warmup, iters, |c| c.run(call, &input, &mut output))?
         };
         let local = local.as_nanos() as u64 / u64::from(iters.max(1));
         Ok(self.agree(local, ReduceOp::Max)? as f64 * 1e-9)
