@@ -88,6 +88,7 @@ impl Sim {
                     .register(t.rank, m.counter, CREDIT_LEN, true, &mut rng);
             }
         }
+        self.mem.commit();
         let mtu = self.cfg.path_mtu()?;
         let (sq, rq) = (self.cfg.rnic.sq_depth, self.cfg.rnic.rq_depth);
         let setup_err = |what| Error::Config {

@@ -21,7 +21,7 @@ use ringcc_core::Primitive;
 use crate::engine::{Ev, NONE};
 use crate::error::Error;
 use crate::fabric::Hop;
-use crate::sim::Sim;
+use crate::sim::{RunData, Sim};
 use crate::trace::Rec;
 
 /// NVLink payload in flight: lands in `lane`'s FIFO at `offset`.
@@ -149,18 +149,25 @@ impl Sim {
             }
             None => None,
         };
-        let bufs = &mut self.run.bufs[rank as usize];
         let local = if p.reads_input() {
-            let src = if lay.in_place {
-                &bufs.output
-            } else {
-                &bufs.input
-            };
             let at = lay.input_at + e.input_offset as usize * elem;
-            Some(
-                src.get(at..at + bytes)
-                    .ok_or_else(|| missing("read input"))?,
-            )
+            Some(match &mut self.run.data {
+                RunData::Buffers(b) => {
+                    let b = b.get(rank as usize).ok_or_else(|| missing("read input"))?;
+                    let src = if lay.in_place { &b.output } else { &b.input };
+                    src.get(at..at + bytes)
+                        .ok_or_else(|| missing("read input"))?
+                }
+                RunData::Generated(g) => {
+                    g.input(rank, e.input_offset, bytes)
+                        .map_err(|source| Error::Reduce {
+                            rank,
+                            call: "generate input",
+                            source,
+                        })?
+                }
+                RunData::None => return Err(missing("read input")),
+            })
         } else {
             None
         };
@@ -184,10 +191,22 @@ impl Sim {
         })?;
         if p.contains(Primitive::COPY) {
             let at = lay.output_at + e.output_offset as usize * elem;
-            bufs.output
-                .get_mut(at..at + bytes)
-                .ok_or_else(|| missing("write output"))?
-                .copy_from_slice(&result);
+            match &mut self.run.data {
+                RunData::Buffers(b) => b
+                    .get_mut(rank as usize)
+                    .and_then(|b| b.output.get_mut(at..at + bytes))
+                    .ok_or_else(|| missing("write output"))?
+                    .copy_from_slice(&result),
+                RunData::Generated(g) => {
+                    g.write(rank, e.output_offset, &result)
+                        .map_err(|source| Error::Reduce {
+                            rank,
+                            call: "check output",
+                            source,
+                        })?
+                }
+                RunData::None => return Err(missing("write output")),
+            }
         }
         Ok(result)
     }

@@ -96,6 +96,7 @@ mod exec;
 mod fabric;
 mod faults;
 mod flow;
+mod generated;
 mod lane;
 mod memory;
 mod pcap;
@@ -110,6 +111,7 @@ pub use config::{ClusterConfig, GpuModel, LinkModel, RnicModel, MAX_RANKS};
 pub use error::Error;
 pub use fabric::LinkKind;
 pub use faults::{Component, ConnId, Failure, Faults};
+pub use generated::GeneratedData;
 pub use report::{Call, LinkStats, RankBuffers, RunReport, Stats};
 
 use ringcc_core::{HopKind, NicId};
@@ -168,7 +170,44 @@ impl Cluster {
         buffers: &mut [RankBuffers],
         in_place: bool,
     ) -> Result<RunReport, Error> {
-        self.sim.run(calls, buffers, in_place)
+        let mut data = if self.sim.cfg.payload {
+            sim::RunData::Buffers(buffers.iter_mut().map(std::mem::take).collect())
+        } else {
+            sim::RunData::None
+        };
+        let report = self.sim.run(calls, &mut data, in_place);
+        if let sim::RunData::Buffers(b) = data {
+            for (dst, src) in buffers.iter_mut().zip(b) {
+                *dst = src;
+            }
+        }
+        report
+    }
+
+    /// One collective on every rank of a payload-mode cluster, without
+    /// user buffers: each rank's input is generated where it is read and
+    /// every output element checked where it is written
+    /// ([`GeneratedData`]); afterwards [`GeneratedData::wrong`] is the
+    /// run's `#wrong`. Every rank must make `data`'s call. This is how a
+    /// large cluster is checked in the memory of one machine: what it holds
+    /// is [`GeneratedData::bytes_needed`] plus the FIFOs the run touches.
+    pub fn run_generated(
+        &mut self,
+        calls: &[Call],
+        data: &mut GeneratedData,
+        in_place: bool,
+    ) -> Result<RunReport, Error> {
+        if !self.sim.cfg.payload {
+            return Err(Error::Config {
+                what: "run_generated needs payload mode: timing-only runs move no bytes".into(),
+            });
+        }
+        let mut run = sim::RunData::Generated(std::mem::take(data));
+        let report = self.sim.run(calls, &mut run, in_place);
+        if let sim::RunData::Generated(g) = run {
+            *data = g;
+        }
+        report
     }
 
     /// The virtual clock, seconds since the cluster was built. It only

@@ -37,9 +37,16 @@ pub(crate) enum Denied {
 }
 
 /// All ranks' memory.
+///
+/// Regions are reserved first ([`alloc`](Memory::alloc)) and the arenas
+/// allocated zeroed once, at [`commit`](Memory::commit): the allocator
+/// then maps fresh zero pages that cost nothing until a slot is written,
+/// so FIFO space that a run never reaches (most of a 4 MiB FIFO on a
+/// large cluster, where slices are small) takes no memory.
 #[derive(Debug, Default)]
 pub(crate) struct Memory {
     pub arenas: Vec<Vec<u8>>,
+    reserved: Vec<usize>,
     pds: Vec<Vec<Mr>>,
 }
 
@@ -47,6 +54,7 @@ impl Memory {
     pub fn new(ranks: u32) -> Memory {
         Memory {
             arenas: vec![Vec::new(); ranks as usize],
+            reserved: vec![0; ranks as usize],
             pds: vec![Vec::new(); ranks as usize],
         }
     }
@@ -57,12 +65,25 @@ impl Memory {
     }
 
     /// Reserves `len` zeroed bytes in `rank`'s memory, 64-byte aligned;
-    /// returns the offset.
+    /// returns the offset. The bytes exist after [`commit`](Memory::commit).
     pub fn alloc(&mut self, rank: u32, len: usize) -> usize {
-        let a = &mut self.arenas[rank as usize];
-        let off = a.len().div_ceil(64) * 64;
-        a.resize(off + len, 0);
+        let a = &mut self.reserved[rank as usize];
+        let off = a.div_ceil(64) * 64;
+        *a = off + len;
         off
+    }
+
+    /// Allocates every rank's reserved bytes, zeroed.
+    pub fn commit(&mut self) {
+        for (a, len) in self.arenas.iter_mut().zip(&self.reserved) {
+            if a.len() < *len {
+                // `vec![0; n]` asks the allocator for zeroed memory: fresh
+                // pages, not written until used.
+                let mut fresh = vec![0u8; *len];
+                fresh[..a.len()].copy_from_slice(a);
+                *a = fresh;
+            }
+        }
     }
 
     /// Registers `len` bytes at `offset` of `rank`'s memory; returns the key.
@@ -149,6 +170,8 @@ mod tests {
         let a = m.alloc(1, 100);
         let b = m.alloc(1, 50);
         assert_eq!(b % 64, 0);
+        m.commit();
+        assert_eq!(m.arenas[1].len(), b + 50);
         let ka = m.register(1, a, 100, true, &mut rng);
         let kb = m.register(1, b, 50, false, &mut rng);
         let va = Memory::va(1, a);

@@ -21,6 +21,7 @@ use crate::exec::Xfer;
 use crate::fabric::{Fabric, Hop, RingRef};
 use crate::faults::FaultState;
 use crate::flow::give_up_after;
+use crate::generated::GeneratedData;
 use crate::lane::{Lane, LaneCold, LaneState};
 use crate::memory::Memory;
 use crate::pcap::Capture;
@@ -37,13 +38,26 @@ pub(crate) struct RankState {
     pub abort_sent: bool,
 }
 
+/// The bytes a payload run reads and writes.
+#[derive(Debug, Default)]
+pub(crate) enum RunData {
+    /// Timing-only: none.
+    #[default]
+    None,
+    /// The callers' buffers, one pair per rank.
+    Buffers(Vec<RankBuffers>),
+    /// Inputs generated where they are read, outputs checked where they
+    /// are written.
+    Generated(GeneratedData),
+}
+
 /// What the current run needs.
 #[derive(Debug, Default)]
 pub(crate) struct RunCtx {
     pub calls: Vec<Call>,
     pub elem: Vec<u64>,
     pub layouts: Vec<BufLayout>,
-    pub bufs: Vec<RankBuffers>,
+    pub data: RunData,
     pub epoch: u32,
     pub active: bool,
     pub finished: usize,
@@ -213,10 +227,13 @@ impl Sim {
     }
 
     /// One collective on every rank.
+    ///
+    /// `data` moves into the simulator for the run and back at its end
+    /// (it is left as it was when the run cannot start).
     pub fn run(
         &mut self,
         calls: &[Call],
-        buffers: &mut [RankBuffers],
+        data: &mut RunData,
         in_place: bool,
     ) -> Result<RunReport, Error> {
         if let Some(cause) = &self.aborted {
@@ -250,8 +267,26 @@ impl Sim {
                 })
             })
             .collect::<Result<_, _>>()?;
-        if cfg.payload {
-            self.check_buffers(calls, buffers, in_place)?;
+        match data {
+            RunData::Buffers(b) if cfg.payload => self.check_buffers(calls, b, in_place)?,
+            RunData::Generated(g) if cfg.payload => {
+                if let Some(r) = calls.iter().position(|c| Some(*c) != g.call()) {
+                    return Err(Error::Config {
+                        what: format!(
+                            "rank {r}'s call is not the one the generated data was made for: \
+                             mismatched calls need real buffers (Cluster::run)"
+                        ),
+                    });
+                }
+                g.begin(in_place)?;
+            }
+            RunData::None if cfg.payload => {
+                return Err(Error::BufferCount {
+                    ranks: n,
+                    buffers: 0,
+                })
+            }
+            _ => {}
         }
         let mut machines = Vec::with_capacity(self.lanes.len());
         for (t, lane) in self.fab.lanes.iter().zip(&self.cold) {
@@ -273,10 +308,10 @@ impl Sim {
         self.run.layouts = (0..n)
             .map(|r| BufLayout::new(&calls[r as usize], n, r, in_place))
             .collect();
-        self.run.bufs = if self.cfg.payload {
-            buffers.iter_mut().map(std::mem::take).collect()
+        self.run.data = if self.cfg.payload {
+            std::mem::take(data)
         } else {
-            Vec::new()
+            RunData::None
         };
         self.run.epoch = self.run.epoch.wrapping_add(1);
         self.run.active = true;
@@ -343,7 +378,7 @@ impl Sim {
             self.prefetch_ahead();
             self.dispatch(ev);
         }
-        Ok(self.finish(start_events, buffers, now))
+        Ok(self.finish(start_events, data, now))
     }
 
     /// Starts loading the lane of the event [`PREFETCH_AHEAD`] places
@@ -403,7 +438,7 @@ impl Sim {
     }
 
     /// Ends the run: per-rank results, buffers back, state for the next.
-    fn finish(&mut self, start_events: u64, buffers: &mut [RankBuffers], start: Ps) -> RunReport {
+    fn finish(&mut self, start_events: u64, data: &mut RunData, start: Ps) -> RunReport {
         let n = self.fab.ranks;
         let mut results = Vec::with_capacity(n as usize);
         for r in 0..n {
@@ -427,8 +462,8 @@ impl Sim {
             }
             lane.state = LaneState::Idle;
         }
-        for (dst, src) in buffers.iter_mut().zip(self.run.bufs.drain(..)) {
-            *dst = src;
+        if self.cfg.payload {
+            *data = std::mem::take(&mut self.run.data);
         }
         self.run.active = false;
         self.seq = self.seq.wrapping_add(1);
