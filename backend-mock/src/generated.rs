@@ -52,6 +52,24 @@ impl RankCheck {
         }
     }
 
+    /// Marks elements `lo..hi` right, a word at a time.
+    fn set_range(&mut self, lo: u64, hi: u64) {
+        let mut i = lo;
+        while i < hi {
+            let bit = i % 64;
+            let n = (64 - bit).min(hi - i);
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << bit
+            };
+            if let Some(w) = self.ok.get_mut((i / 64) as usize) {
+                *w |= mask;
+            }
+            i += n;
+        }
+    }
+
     /// Whether any element of `lo..hi` was written (right or wrong).
     fn any_written(&self, lo: u64, hi: u64) -> bool {
         if !self.odd.is_empty() {
@@ -354,27 +372,36 @@ impl GeneratedData {
         let res = self.expect_into(rank, offset, &mut want);
         let (victim, corrupt) = self.corrupt;
         let in_place = self.in_place;
+        let corrupted = rank == victim && offset < corrupt;
         if let (Ok(()), Some(check)) = (&res, self.checks.get_mut(r)) {
-            for (i, (w, d)) in want
-                .chunks_exact(elem)
-                .zip(data.chunks_exact(elem))
-                .enumerate()
-            {
-                let o = offset + i as u64;
-                let mut got = [0u8; MAX_ELEM];
-                got[..elem].copy_from_slice(d);
-                if rank == victim && o < corrupt {
-                    got[0] ^= 0x5a;
+            if !corrupted && want == data {
+                // The common case: the whole slice is right.
+                check.set_range(offset, offset + n);
+                if in_place && !check.odd.is_empty() {
+                    for o in offset..offset + n {
+                        check.odd.remove(&o);
+                    }
                 }
-                let right = w == &got[..elem];
-                check.set(o, right);
-                if in_place {
-                    if right {
-                        if !check.odd.is_empty() {
+            } else {
+                for (i, (w, d)) in want
+                    .chunks_exact(elem)
+                    .zip(data.chunks_exact(elem))
+                    .enumerate()
+                {
+                    let o = offset + i as u64;
+                    let mut got = [0u8; MAX_ELEM];
+                    got[..elem].copy_from_slice(d);
+                    if rank == victim && o < corrupt {
+                        got[0] ^= 0x5a;
+                    }
+                    let right = w == &got[..elem];
+                    check.set(o, right);
+                    if in_place {
+                        if right {
                             check.odd.remove(&o);
+                        } else {
+                            check.odd.insert(o, got);
                         }
-                    } else {
-                        check.odd.insert(o, got);
                     }
                 }
             }

@@ -122,16 +122,18 @@ impl TopoArgs {
     }
 }
 
-/// `ringcc perf`: nccl-tests' flags and meaning.
+/// `ringcc perf`: nccl-tests' flags and meaning. A flag that has no
+/// meaning on the chosen backend is accepted and said once in the
+/// header ([`NcclFlag`]).
 #[derive(Args, Debug)]
 pub struct PerfArgs {
     /// The collective.
     pub collective: CollArg,
-    /// Minimum size in bytes (K/M/G suffixes).
-    #[arg(short = 'b', long = "minbytes", value_parser = parse_size, default_value = "32M")]
+    /// Minimum size in bytes (K/M/G/T suffixes; at most 1T).
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_perf_size, default_value = "32M")]
     pub minbytes: u64,
-    /// Maximum size in bytes (K/M/G suffixes).
-    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size, default_value = "32M")]
+    /// Maximum size in bytes (K/M/G/T suffixes; at most 1T).
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_perf_size, default_value = "32M")]
     pub maxbytes: u64,
     /// Multiplication factor between sizes (disabled when not given: sizes
     /// then grow by --stepbytes).
@@ -151,19 +153,64 @@ pub struct PerfArgs {
         default_value_t = 5
     )]
     pub warmup: u32,
+    /// Calls aggregated into each timed iteration (nccl-tests launches
+    /// them in one group); the time is per call.
+    #[arg(
+        short = 'm',
+        long = "agg_iters",
+        alias = "agg-iters",
+        default_value_t = 1
+    )]
+    pub agg_iters: u32,
     /// Check the results of this many iterations (0: no check).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u32,
-    /// Reduction operation: sum, prod, min, max, avg.
-    #[arg(short = 'o', long = "op", value_parser = parse_op, default_value = "sum")]
-    pub op: ReduceOp,
+    /// Reduction operation: sum, prod, min, max, avg, or all.
+    #[arg(short = 'o', long = "op", value_parser = parse_ops, default_value = "sum")]
+    pub ops: OpList,
     /// Element type: int8, uint8, int32, uint32, int64, uint64, half,
-    /// bfloat16, float, double.
-    #[arg(short = 'd', long = "datatype", value_parser = parse_dtype, default_value = "float")]
-    pub dtype: DataType,
+    /// bfloat16, float, double, or all.
+    #[arg(short = 'd', long = "datatype", value_parser = parse_dtypes, default_value = "float")]
+    pub dtypes: TypeList,
     /// Root rank of Broadcast and Reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: u32,
+    /// Run the whole sweep this many times, printing each (0: until
+    /// interrupted).
+    #[arg(
+        short = 'N',
+        long = "run_cycles",
+        alias = "run-cycles",
+        default_value_t = 1
+    )]
+    pub run_cycles: u32,
+    /// Give up when the run takes longer than this many seconds of wall
+    /// time (0: no limit), checked between calls.
+    #[arg(short = 'T', long = "timeout", default_value_t = 0)]
+    pub timeout: u64,
+    /// nccl-tests: threads per process (each drives `-g` GPUs).
+    #[arg(short = 't', long = "nthreads")]
+    pub nthreads: Option<u32>,
+    /// nccl-tests: GPUs per thread.
+    #[arg(short = 'g', long = "ngpus")]
+    pub ngpus: Option<u32>,
+    /// nccl-tests: 1 waits for each call to complete before the next.
+    #[arg(short = 'z', long = "blocking", value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub blocking: Option<u8>,
+    /// nccl-tests: which rank's time is reported (0 rank 0, 1 average,
+    /// 2 minimum, 3 maximum).
+    #[arg(short = 'a', long = "average", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub average: Option<u8>,
+    /// nccl-tests: capture the iterations in a CUDA graph, launched this
+    /// many times.
+    #[arg(short = 'G', long = "cudagraph")]
+    pub cudagraph: Option<u32>,
+    /// nccl-tests: 1 reports CPU time instead of wall time.
+    #[arg(short = 'C', long = "report_cputime", value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub report_cputime: Option<u8>,
+    /// nccl-tests: 1 initializes the communicators in parallel threads.
+    #[arg(short = 'p', long = "parallel_init", value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub parallel_init: Option<u8>,
     /// Also write the results as JSON to this file.
     #[arg(short = 'J', long = "json")]
     pub json: Option<std::path::PathBuf>,
@@ -172,7 +219,7 @@ pub struct PerfArgs {
     pub backend: BackendArg,
     /// 1: register the buffers with the backend once per size, before the
     /// timed calls, as nccl-tests' `-R 1` does with `ncclCommRegister`
-    /// (verbs only: it skips the per-call `ibv_reg_mr`). 0: every call
+    /// (verbs: it skips the per-call `ibv_reg_mr`). 0: every call
     /// registers its own.
     #[arg(
         short = 'R',
@@ -188,6 +235,74 @@ pub struct PerfArgs {
     /// checking, to prove the check can fail.
     #[arg(long, hide = true, default_value_t = 0)]
     pub inject_corruption: u64,
+}
+
+/// nccl-tests' flags whose meaning depends on the backend: each backend
+/// says which it cannot honour and why ([`crate::perf::PerfBackend::lacks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclFlag {
+    /// `-g`: GPUs per thread.
+    Ngpus,
+    /// `-t`: threads per process.
+    Nthreads,
+    /// `-z`: blocking calls.
+    Blocking,
+    /// `-a`: which rank's time.
+    Average,
+    /// `-G`: CUDA graphs.
+    CudaGraph,
+    /// `-C`: CPU time.
+    CpuTime,
+    /// `-p`: parallel init.
+    ParallelInit,
+    /// `-R 1`: buffer registration.
+    LocalRegister,
+    /// `-m`: grouped launch of the aggregated calls.
+    AggIters,
+    /// `-c N` with N > 1: several checked iterations.
+    CheckIters,
+}
+
+impl PerfArgs {
+    /// The backend-dependent flags given on the command line, each with
+    /// the text it was given as (for the header).
+    pub fn given(&self) -> Vec<(NcclFlag, String)> {
+        let mut v = Vec::new();
+        let mut add = |f, given: Option<String>| {
+            if let Some(g) = given {
+                v.push((f, g));
+            }
+        };
+        add(NcclFlag::Ngpus, self.ngpus.map(|g| format!("-g {g}")));
+        add(NcclFlag::Nthreads, self.nthreads.map(|t| format!("-t {t}")));
+        add(NcclFlag::Blocking, self.blocking.map(|z| format!("-z {z}")));
+        add(NcclFlag::Average, self.average.map(|a| format!("-a {a}")));
+        add(
+            NcclFlag::CudaGraph,
+            self.cudagraph.map(|g| format!("-G {g}")),
+        );
+        add(
+            NcclFlag::CpuTime,
+            self.report_cputime.map(|c| format!("-C {c}")),
+        );
+        add(
+            NcclFlag::ParallelInit,
+            self.parallel_init.map(|p| format!("-p {p}")),
+        );
+        add(
+            NcclFlag::LocalRegister,
+            (self.local_register != 0).then(|| format!("-R {}", self.local_register)),
+        );
+        add(
+            NcclFlag::AggIters,
+            (self.agg_iters > 1).then(|| format!("-m {}", self.agg_iters)),
+        );
+        add(
+            NcclFlag::CheckIters,
+            (self.check > 1).then(|| format!("-c {}", self.check)),
+        );
+        v
+    }
 }
 
 /// `ringcc explain`.
@@ -251,6 +366,45 @@ pub struct TraceArgs {
     /// The cluster's shape.
     #[command(flatten)]
     pub topo: TopoArgs,
+}
+
+/// The largest buffer `perf` accepts: 1 TiB (no GPU has more memory;
+/// larger sizes would only make the simulator run for days).
+pub const MAX_BYTES: u64 = 1 << 40;
+
+/// Parses a `perf` size: [`parse_size`], at most [`MAX_BYTES`].
+pub fn parse_perf_size(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v > MAX_BYTES {
+        return Err(format!(
+            "size '{s}' is larger than the 1T (1099511627776 bytes) ringcc perf accepts"
+        ));
+    }
+    Ok(v)
+}
+
+/// `-d`: the element types to run, in nccl-tests' order for `all`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeList(pub Vec<DataType>);
+
+/// `-o`: the operations to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpList(pub Vec<ReduceOp>);
+
+/// Parses `-d`: one type or `all`.
+pub fn parse_dtypes(s: &str) -> Result<TypeList, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(TypeList(DataType::ALL.to_vec()));
+    }
+    parse_dtype(s).map(|d| TypeList(vec![d]))
+}
+
+/// Parses `-o`: one operation or `all`.
+pub fn parse_ops(s: &str) -> Result<OpList, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(OpList(ReduceOp::ALL.to_vec()));
+    }
+    parse_op(s).map(|o| OpList(vec![o]))
 }
 
 /// Parses `1024`, `4K`, `32M`, `1G` (powers of 1024; `KB`/`KiB` too).
@@ -327,8 +481,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (p.minbytes, p.maxbytes, p.stepfactor, p.dtype),
-            (8, 128 << 20, Some(2), DataType::Bf16)
+            (p.minbytes, p.maxbytes, p.stepfactor, p.dtypes),
+            (8, 128 << 20, Some(2), TypeList(vec![DataType::Bf16]))
         );
         // No --chunk-bytes: NCCL's chunk, and "not given" for the verbs
         // backend, whose chunk then follows its FIFO geometry.

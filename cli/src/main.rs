@@ -5,7 +5,9 @@ mod args;
 mod backend;
 mod error;
 mod explain;
+mod output;
 mod perf;
+mod progress;
 mod topo;
 mod trace;
 

@@ -8,13 +8,15 @@
 //! and AllGather `size` is the whole buffer, `count` one rank's block).
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
+
+use std::time::{Duration, Instant};
 
 use ringcc_core::{Collective, DataType, ReduceOp};
 use serde_json::json;
 
-use crate::args::PerfArgs;
+use crate::args::{NcclFlag, PerfArgs};
 use crate::error::CliError;
+use crate::progress::Progress;
 
 /// One collective call, as every rank makes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +44,18 @@ pub trait PerfBackend {
     fn prints(&self) -> bool {
         true
     }
+    /// Why the backend cannot honour nccl-tests' `flag` (said once in the
+    /// header when the flag is given); `None` when it does.
+    fn lacks(&self, flag: NcclFlag) -> Option<String>;
+    /// Whether one checked run says all there is to say about a call (a
+    /// deterministic simulator): `-c N` then checks once.
+    fn deterministic(&self) -> bool {
+        false
+    }
+    /// What one size will cost this process, estimated before it runs.
+    fn estimate(&self, _call: &PerfCall, _calls: u64, _checked: bool) -> Estimate {
+        Estimate::default()
+    }
     /// Runs `warmup` untimed then `iters` timed iterations; returns the
     /// mean seconds per iteration (the slowest rank's, for real backends).
     fn time(
@@ -55,6 +69,17 @@ pub trait PerfBackend {
     /// wrong output elements over all ranks. `corrupt` elements of rank
     /// 0's output are corrupted first (test-only fault).
     fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError>;
+}
+
+/// The memory and time one size of a run needs, estimated up front.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Peak bytes held while it runs.
+    pub bytes: u64,
+    /// Wall-clock seconds on this machine (both placements).
+    pub seconds: f64,
+    /// Peak bytes without the check (`-c 0`).
+    pub unchecked_bytes: u64,
 }
 
 /// One measured cell (out of place or in place).
@@ -131,35 +156,147 @@ fn fmt_cell(c: &Cell) -> String {
     )
 }
 
-/// Progress on stderr, only when stderr is a terminal (it never mixes
-/// into a piped table).
-struct Progress {
-    on: bool,
+/// Bytes as a person reads them.
+pub fn human_bytes(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
 }
 
-impl Progress {
-    fn new() -> Progress {
-        Progress {
-            on: std::io::stderr().is_terminal(),
+/// Seconds as a person reads them.
+pub fn human_secs(s: f64) -> String {
+    if s < 90.0 {
+        format!("{s:.1} s")
+    } else if s < 5400.0 {
+        format!("{:.0} min", s / 60.0)
+    } else if s < 2.0 * 86400.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else {
+        format!("{:.0} days", s / 86400.0)
+    }
+}
+
+/// The memory this process may use: the kernel's estimate of what can be
+/// allocated without swapping (`MemAvailable`), or `None` where unknown.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// One table row's call for each (type, op) the flags ask for, in
+/// nccl-tests' order: types outer, operations inner; a collective that
+/// does not reduce runs each type once.
+fn variants(a: &PerfArgs, collective: Collective) -> Vec<(DataType, ReduceOp)> {
+    let ops: &[ReduceOp] = if collective.reduces() {
+        &a.ops.0
+    } else {
+        a.ops.0.get(..1).unwrap_or(&[ReduceOp::Sum])
+    };
+    a.dtypes
+        .0
+        .iter()
+        .flat_map(|d| ops.iter().map(move |o| (*d, *o)))
+        .collect()
+}
+
+/// The run's plan: every size's call, and what the whole run will cost.
+struct Sweep {
+    cells: Vec<(PerfCall, u64)>,
+    estimate: Estimate,
+}
+
+/// Builds the sweep and refuses what does not fit this machine's memory.
+fn sweep(
+    a: &PerfArgs,
+    backend: &dyn PerfBackend,
+    collective: Collective,
+    calls_per_cell: u64,
+) -> Result<Sweep, CliError> {
+    let n = backend.ranks();
+    let sizes = sizes(a)?;
+    let checked = a.check > 0;
+    let mut cells = Vec::new();
+    let mut total = Estimate::default();
+    let mut worst: Option<(u64, Estimate)> = None;
+    for (dtype, op) in variants(a, collective) {
+        for &bytes in &sizes {
+            let (count, size) = count_and_size(collective, dtype, bytes, n);
+            let call = PerfCall {
+                collective,
+                count,
+                dtype,
+                op,
+            };
+            let e = backend.estimate(&call, calls_per_cell, checked);
+            total.seconds += e.seconds;
+            total.bytes = total.bytes.max(e.bytes);
+            total.unchecked_bytes = total.unchecked_bytes.max(e.unchecked_bytes);
+            if worst.is_none_or(|(_, w)| e.bytes > w.bytes) {
+                worst = Some((size, e));
+            }
+            cells.push((call, size));
         }
     }
-    fn show(&self, msg: &str) {
-        if self.on {
-            let mut e = std::io::stderr();
-            let _ = write!(e, "\r\x1b[2K[ringcc perf] {msg}");
-            let _ = e.flush();
+    if let (Some(avail), Some((size, w))) = (available_memory(), worst) {
+        if w.bytes > avail / 10 * 9 {
+            // The largest size of the sweep that would fit.
+            let fits = sizes
+                .iter()
+                .rev()
+                .find(|b| {
+                    variants(a, collective).iter().all(|(d, o)| {
+                        let (count, _) = count_and_size(collective, *d, **b, n);
+                        let call = PerfCall {
+                            collective,
+                            count,
+                            dtype: *d,
+                            op: *o,
+                        };
+                        backend.estimate(&call, calls_per_cell, checked).bytes <= avail / 10 * 9
+                    })
+                })
+                .map_or(String::new(), |b| format!(", or sizes up to -e {b}"));
+            let mut msg = format!(
+                "this run needs about {} of memory ({} B {} on {n} ranks{}), more than the {} this machine has available",
+                human_bytes(w.bytes),
+                size,
+                collective.name(),
+                if checked { ", checked" } else { "" },
+                human_bytes(avail),
+            );
+            if checked && w.unchecked_bytes <= avail / 10 * 9 {
+                let _ = write!(
+                    msg,
+                    ": run it without the check (-c 0: about {}){fits}",
+                    human_bytes(w.unchecked_bytes)
+                );
+            } else {
+                let _ = write!(msg, ": run it with smaller sizes{fits}");
+            }
+            return Err(CliError::usage(msg));
         }
     }
-    fn clear(&self) {
-        if self.on {
-            let _ = write!(std::io::stderr(), "\r\x1b[2K");
-        }
-    }
+    Ok(Sweep {
+        cells,
+        estimate: total,
+    })
 }
 
 /// Runs the measurement and prints the table to stdout; returns whether
 /// every result was correct.
 pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliError> {
+    let started = Instant::now();
     let n = backend.ranks();
     let collective = a.collective.collective(a.root);
     if a.root >= n {
@@ -171,25 +308,45 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     if a.iters == 0 {
         return Err(CliError::usage("-n must be at least 1"));
     }
-    let sizes = sizes(a)?;
+    if a.agg_iters == 0 {
+        return Err(CliError::usage("-m must be at least 1"));
+    }
+    // Calls per size and placement, in checked arithmetic: the backends
+    // count iterations in u32.
+    let timed = a.iters.checked_mul(a.agg_iters);
+    let calls = timed.and_then(|t| t.checked_add(a.warmup));
+    let (Some(timed), Some(calls)) = (timed, calls) else {
+        return Err(CliError::usage(format!(
+            "-w {} -n {} -m {}: more than {} calls per size",
+            a.warmup,
+            a.iters,
+            a.agg_iters,
+            u32::MAX
+        )));
+    };
+    let plan = sweep(a, backend, collective, u64::from(calls))?;
+    let checks = if a.check == 0 {
+        0
+    } else if backend.deterministic() {
+        1
+    } else {
+        a.check
+    };
     let prints = backend.prints();
     let mut out = String::new();
-    let op_name = if collective.reduces() {
-        a.op.name()
-    } else {
-        "none"
-    };
     let root = collective.root().map_or(-1, |r| i64::from(r.0));
     let _ = writeln!(
         out,
-        "# ringcc perf {}: nRanks {n} minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {}",
+        "# ringcc perf {}: nRanks {n} minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} agg iters: {} validation: {} graph: {}",
         collective.name(),
         a.minbytes,
         a.maxbytes,
         a.stepfactor.map_or(format!("{}(bytes)", a.stepbytes), |f| format!("{f}(factor)")),
         a.warmup,
         a.iters,
-        a.check.min(1)
+        a.agg_iters,
+        a.check.min(1),
+        a.cudagraph.unwrap_or(0),
     );
     let _ = writeln!(out, "#");
     for line in backend.describe() {
@@ -197,6 +354,11 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     }
     if backend.simulated() {
         let _ = writeln!(out, "# time is SIMULATED cluster time (virtual clock of the simulator), not wall-clock time");
+    }
+    for (flag, given) in a.given() {
+        if let Some(why) = backend.lacks(flag) {
+            let _ = writeln!(out, "# {given}: {why}");
+        }
     }
     let _ = writeln!(out, "#");
     let _ = writeln!(out, "#{:>73}{:>31}", "out-of-place", "in-place");
@@ -235,71 +397,103 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
         ""
     );
     if prints {
-        print!("{out}");
+        crate::output::print(&out);
     }
     out.clear();
-    let progress = Progress::new();
+    let cycles = a.run_cycles;
+    let per_cycle = plan.estimate.seconds;
+    if prints && per_cycle > 60.0 {
+        eprintln!(
+            "ringcc perf: this run will take about {} on this machine{}; fewer sizes (-e), iterations (-n, -w) or -c 0 make it shorter",
+            human_secs(per_cycle * f64::from(cycles.max(1))),
+            if cycles == 0 { " per cycle (-N 0 repeats until interrupted)" } else { "" }
+        );
+    }
+    let progress = Progress::new(prints, per_cycle * f64::from(cycles.max(1)));
+    let deadline = (a.timeout > 0).then(|| started + Duration::from_secs(a.timeout));
     let mut rows = Vec::new();
     let mut wrong_total = 0u64;
     let mut bus_sum = 0.0;
     let mut bus_n = 0u32;
-    for &bytes in &sizes {
-        let (count, size) = count_and_size(collective, a.dtype, bytes, n);
-        let call = PerfCall {
-            collective,
-            count,
-            dtype: a.dtype,
-            op: a.op,
-        };
-        let mut cells = Vec::new();
-        for in_place in [false, true] {
-            let place = if in_place { "in-place" } else { "out-of-place" };
-            progress.show(&format!(
-                "{size} B {place}: {} + {} iterations",
-                a.warmup, a.iters
-            ));
-            let time = backend.time(&call, in_place, a.warmup, a.iters)?;
-            let algbw = ringcc_core::cost::algbw(size as f64, time);
-            let busbw = algbw * collective.bus_factor(n);
-            let wrong = if a.check > 0 {
-                progress.show(&format!("{size} B {place}: checking"));
-                let mut w = 0;
-                for _ in 0..a.check {
-                    w += backend.check(&call, in_place, a.inject_corruption)?;
+    let mut cycle = 0u32;
+    while cycles == 0 || cycle < cycles {
+        cycle = cycle.saturating_add(1);
+        for (call, size) in &plan.cells {
+            let mut cells = Vec::new();
+            let cost = backend.estimate(call, u64::from(calls), checks > 0).seconds / 2.0;
+            for in_place in [false, true] {
+                if let Some(d) = deadline {
+                    if Instant::now() > d {
+                        progress.finish();
+                        return Err(CliError::failed(format!(
+                            "timed out: the run took longer than -T {} s",
+                            a.timeout
+                        )));
+                    }
                 }
-                Some(w)
+                let place = if in_place { "in-place" } else { "out-of-place" };
+                progress.show(&format!(
+                    "{} {} {} {place}: {} + {} calls",
+                    human_bytes(*size),
+                    call.dtype.name(),
+                    if collective.reduces() {
+                        call.op.name()
+                    } else {
+                        ""
+                    },
+                    a.warmup,
+                    timed
+                ));
+                let time = backend.time(call, in_place, a.warmup, timed)?;
+                let algbw = ringcc_core::cost::algbw(*size as f64, time);
+                let busbw = algbw * collective.bus_factor(n);
+                let wrong = if checks > 0 {
+                    progress.show(&format!("{} {place}: checking", human_bytes(*size)));
+                    let mut w = 0u64;
+                    for _ in 0..checks {
+                        w = w.saturating_add(backend.check(call, in_place, a.inject_corruption)?);
+                    }
+                    Some(w)
+                } else {
+                    None
+                };
+                progress.advance(cost);
+                wrong_total = wrong_total.saturating_add(wrong.unwrap_or(0));
+                bus_sum += busbw;
+                bus_n += 1;
+                cells.push(Cell {
+                    time,
+                    algbw,
+                    busbw,
+                    wrong,
+                });
+            }
+            let op_name = if collective.reduces() {
+                call.op.name()
             } else {
-                None
+                "none"
             };
-            wrong_total += wrong.unwrap_or(0);
-            bus_sum += busbw;
-            bus_n += 1;
-            cells.push(Cell {
-                time,
-                algbw,
-                busbw,
-                wrong,
-            });
+            let line = format!(
+                "{:>12} {:>13} {:>9} {:>7} {:>7}{}{}\n",
+                size,
+                call.count,
+                call.dtype.name(),
+                op_name,
+                root,
+                fmt_cell(&cells[0]),
+                fmt_cell(&cells[1])
+            );
+            if prints {
+                progress.suspend(|| crate::output::print(&line));
+            }
+            rows.push(json!({
+                "cycle": cycle,
+                "size": size, "count": call.count, "type": call.dtype.name(), "redop": op_name, "root": root,
+                "out_of_place": cell_json(&cells[0]), "in_place": cell_json(&cells[1]),
+            }));
         }
-        progress.clear();
-        let line = format!(
-            "{:>12} {:>13} {:>9} {:>7} {:>7}{}{}",
-            size,
-            count,
-            a.dtype.name(),
-            op_name,
-            root,
-            fmt_cell(&cells[0]),
-            fmt_cell(&cells[1])
-        );
-        if prints {
-            println!("{line}");
-        }
-        rows.push(json!({
-            "size": size, "count": count, "type": a.dtype.name(), "redop": op_name, "root": root,
-            "out_of_place": cell_json(&cells[0]), "in_place": cell_json(&cells[1]),
-        }));
     }
+    progress.finish();
     let avg = if bus_n > 0 {
         bus_sum / f64::from(bus_n) / 1e9
     } else {
@@ -314,19 +508,22 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     let _ = writeln!(out, "# Avg bus bandwidth    : {avg:.4} ");
     let _ = writeln!(out, "#");
     if prints {
-        print!("{out}");
+        crate::output::print(&out);
         if let Some(path) = &a.json {
+            let names = |v: Vec<&str>| v.into_iter().map(String::from).collect::<Vec<_>>();
             let doc = json!({
                 "tool": "ringcc perf",
                 "collective": collective.name(),
                 "ranks": n,
-                "datatype": a.dtype.name(),
-                "op": op_name,
+                "datatypes": names(a.dtypes.0.iter().map(|d| d.name()).collect()),
+                "ops": names(if collective.reduces() { a.ops.0.iter().map(|o| o.name()).collect() } else { vec!["none"] }),
                 "root": root,
                 "simulated_time": backend.simulated(),
                 "warmup_iters": a.warmup,
                 "iters": a.iters,
+                "agg_iters": a.agg_iters,
                 "check": a.check,
+                "run_cycles": a.run_cycles,
                 "rows": rows,
                 "out_of_bounds": wrong_total,
                 "avg_busbw_gbps": avg,

@@ -357,10 +357,6 @@ fn mistakes_get_one_clear_line_and_a_nonzero_exit() {
             "at most",
         ),
         (vec!["trace", "allreduce"], "nothing to write"),
-        (
-            vec!["perf", "allreduce", "-R", "1"],
-            "needs --backend verbs",
-        ),
         (vec!["perf", "allreduce", "-R", "2"], "local_register"),
     ] {
         let o = ringcc(&args);

@@ -49,37 +49,93 @@ fn mix(rank: u32, index: u64, salt: u64) -> u64 {
 /// What a hash becomes for one (type, op, ranks): the value's range.
 #[derive(Clone, Copy, Debug)]
 enum Pick {
-    /// `r % m - off`.
-    Range { m: u64, off: i64 },
-    /// Float products: 1, -1, or (with `m == 3`) 2.
-    Pow2 { m: u64 },
+    /// Floats: `-3..=3`.
+    Float,
+    /// Float products: 1, -1, or 2.
+    FloatProd3,
+    /// Float products over more than 12 ranks: 1 or -1.
+    FloatProd2,
+    /// Integer products: `-2..=2`.
+    IntProd,
+    /// Integers: `-1000..=1000`.
+    Int,
+}
+
+/// A value range with its divisor known at compile time, so that picking
+/// a value is a multiply, not a division.
+trait Values: Copy {
+    fn get(self, r: u64) -> i64;
+}
+
+/// `r % M - OFF`.
+#[derive(Clone, Copy)]
+struct Mod<const M: u64, const OFF: i64>;
+
+impl<const M: u64, const OFF: i64> Values for Mod<M, OFF> {
+    #[inline(always)]
+    fn get(self, r: u64) -> i64 {
+        // M < 2^11: the remainder and the difference fit an i64.
+        (r.checked_rem(M).unwrap_or(0) as i64).wrapping_sub(OFF)
+    }
+}
+
+/// 1, -1 or (with `M == 3`) 2.
+#[derive(Clone, Copy)]
+struct Pow2<const M: u64>;
+
+impl<const M: u64> Values for Pow2<M> {
+    #[inline(always)]
+    fn get(self, r: u64) -> i64 {
+        match r.checked_rem(M).unwrap_or(0) {
+            0 => 1,
+            1 => -1,
+            _ => 2,
+        }
+    }
+}
+
+/// Runs `$body` with `$v` bound to the [`Values`] of `$pick`, one
+/// monomorphized copy per range.
+macro_rules! with_values {
+    ($pick:expr, |$v:ident| $body:expr) => {
+        match $pick {
+            Pick::Float => {
+                let $v = Mod::<7, 3>;
+                $body
+            }
+            Pick::FloatProd3 => {
+                let $v = Pow2::<3>;
+                $body
+            }
+            Pick::FloatProd2 => {
+                let $v = Pow2::<2>;
+                $body
+            }
+            Pick::IntProd => {
+                let $v = Mod::<5, 2>;
+                $body
+            }
+            Pick::Int => {
+                let $v = Mod::<2001, 1000>;
+                $body
+            }
+        }
+    };
 }
 
 impl Pick {
     fn new(dtype: DataType, op: ReduceOp, ranks: u32) -> Pick {
         match (dtype.is_float(), op) {
-            (true, ReduceOp::Prod) => Pick::Pow2 {
-                m: if ranks <= 12 { 3 } else { 2 },
-            },
-            (true, _) => Pick::Range { m: 7, off: 3 },
-            (false, ReduceOp::Prod) => Pick::Range { m: 5, off: 2 },
-            (false, _) => Pick::Range { m: 2001, off: 1000 },
+            (true, ReduceOp::Prod) if ranks <= 12 => Pick::FloatProd3,
+            (true, ReduceOp::Prod) => Pick::FloatProd2,
+            (true, _) => Pick::Float,
+            (false, ReduceOp::Prod) => Pick::IntProd,
+            (false, _) => Pick::Int,
         }
     }
 
-    #[inline(always)]
     fn get(self, r: u64) -> i64 {
-        match self {
-            Pick::Range { m, off } => {
-                // m < 2^11: the remainder and the difference fit an i64.
-                (r.checked_rem(m).unwrap_or(0) as i64).wrapping_sub(off)
-            }
-            Pick::Pow2 { m } => match r.checked_rem(m).unwrap_or(0) {
-                0 => 1,
-                1 => -1,
-                _ => 2,
-            },
-        }
+        with_values!(self, |v| v.get(r))
     }
 }
 
@@ -111,6 +167,37 @@ fn put(dtype: DataType, v: i128, out: &mut [u8]) {
         DataType::Bf16 => write(&bf16::from_f64(w as f64).to_ne_bytes()),
         DataType::F32 => write(&(w as f32).to_ne_bytes()),
         DataType::F64 => write(&(w as f64).to_ne_bytes()),
+    }
+}
+
+/// Writes `f(i)` as element `i` of `out`, for every whole `N`-byte element:
+/// the store is a fixed-size copy the compiler keeps in registers.
+#[inline(always)]
+fn store<const N: usize>(out: &mut [u8], mut f: impl FnMut(u64) -> [u8; N]) {
+    let (elems, _) = out.as_chunks_mut::<N>();
+    let mut i = 0u64;
+    for e in elems {
+        *e = f(i);
+        i = i.wrapping_add(1);
+    }
+}
+
+/// `store`s `f(i)` (an `i128` value, wrapped or converted to `dtype` as
+/// [`put`] does) into every element of `out`, with the type's conversion
+/// chosen once, outside the loop.
+#[inline(always)]
+fn store_values(dtype: DataType, out: &mut [u8], mut f: impl FnMut(u64) -> i128) {
+    match dtype {
+        DataType::I8 => store::<1>(out, |i| (f(i) as i64 as i8).to_ne_bytes()),
+        DataType::U8 => store::<1>(out, |i| (f(i) as i64 as u8).to_ne_bytes()),
+        DataType::I32 => store::<4>(out, |i| (f(i) as i64 as i32).to_ne_bytes()),
+        DataType::U32 => store::<4>(out, |i| (f(i) as i64 as u32).to_ne_bytes()),
+        DataType::I64 => store::<8>(out, |i| (f(i) as i64).to_ne_bytes()),
+        DataType::U64 => store::<8>(out, |i| (f(i) as i64 as u64).to_ne_bytes()),
+        DataType::F16 => store::<2>(out, |i| f16::from_f64(f(i) as i64 as f64).to_ne_bytes()),
+        DataType::Bf16 => store::<2>(out, |i| bf16::from_f64(f(i) as i64 as f64).to_ne_bytes()),
+        DataType::F32 => store::<4>(out, |i| (f(i) as i64 as f32).to_ne_bytes()),
+        DataType::F64 => store::<8>(out, |i| (f(i) as i64 as f64).to_ne_bytes()),
     }
 }
 
@@ -190,7 +277,10 @@ fn whole(bytes: &[u8], size: usize) -> Result<(), Error> {
     if bytes.len().checked_rem(size) != Some(0) {
         return Err(Error::BadLength {
             dst: bytes.len(),
-            src: bytes.len().checked_next_multiple_of(size).unwrap_or(usize::MAX),
+            src: bytes
+                .len()
+                .checked_next_multiple_of(size)
+                .unwrap_or(usize::MAX),
         });
     }
     Ok(())
@@ -209,12 +299,11 @@ pub fn fill_values(
 ) -> Result<(), Error> {
     let size = usize::from(dtype.size());
     whole(out, size)?;
-    let pick = Pick::new(dtype, op, ranks);
-    let mut index = first;
-    for o in out.chunks_exact_mut(size) {
-        put(dtype, i128::from(pick.get(mix(rank, index, salt))), o);
-        index = index.wrapping_add(1);
-    }
+    with_values!(Pick::new(dtype, op, ranks), |v| {
+        store_values(dtype, out, |i| {
+            i128::from(v.get(mix(rank, first.wrapping_add(i), salt)))
+        })
+    });
     Ok(())
 }
 
@@ -231,25 +320,54 @@ pub fn fill_reduced(
 ) -> Result<(), Error> {
     let size = usize::from(dtype.size());
     whole(out, size)?;
-    let pick = Pick::new(dtype, op, ranks);
+    with_values!(Pick::new(dtype, op, ranks), |v| {
+        reduce_blocks(dtype, op, ranks, first, salt, out, v)
+    });
+    Ok(())
+}
+
+/// [`fill_reduced`]'s loop for one value range.
+#[inline(always)]
+fn reduce_blocks(
+    dtype: DataType,
+    op: ReduceOp,
+    ranks: u32,
+    first: u64,
+    salt: u64,
+    out: &mut [u8],
+    v: impl Values,
+) {
+    let size = usize::from(dtype.size());
     let mut base = first;
     for block in out.chunks_mut(BLOCK.saturating_mul(size)) {
         let mut acc = [0i128; BLOCK];
         let len = block.len().checked_div(size).unwrap_or(0);
-        for r in 0..ranks {
+        let mut index = base;
+        for a in acc.iter_mut().take(len) {
+            *a = wrapped(dtype, i128::from(v.get(mix(0, index, salt))));
+            index = index.wrapping_add(1);
+        }
+        for r in 1..ranks {
             let mut index = base;
             for a in acc.iter_mut().take(len) {
-                let v = wrapped(dtype, i128::from(pick.get(mix(r, index, salt))));
-                *a = if r == 0 { v } else { combine(dtype, op, *a, v) };
+                let x = wrapped(dtype, i128::from(v.get(mix(r, index, salt))));
+                *a = combine(dtype, op, *a, x);
                 index = index.wrapping_add(1);
             }
         }
-        for (o, a) in block.chunks_exact_mut(size).zip(acc) {
-            put_reduced(dtype, op, ranks, a, o);
+        if op == ReduceOp::Avg {
+            for (o, a) in block.chunks_exact_mut(size).zip(acc) {
+                put_reduced(dtype, op, ranks, a, o);
+            }
+        } else {
+            store_values(dtype, block, |i| {
+                acc.get(usize::try_from(i).unwrap_or(usize::MAX))
+                    .copied()
+                    .unwrap_or(0)
+            });
         }
         base = base.wrapping_add(len as u64);
     }
-    Ok(())
 }
 
 /// Fills rank `rank`'s input buffer for `plan` (`plan.input_len()`

@@ -92,7 +92,9 @@ mod oracle {
         let mut e = [0u8; MAX_ELEM];
         let b: Vec<u8> = match d {
             DataType::F32 => ((w as f32) / fl).to_ne_bytes().to_vec(),
-            DataType::F64 => ((w as f64) / f64::from(ranks.max(1))).to_ne_bytes().to_vec(),
+            DataType::F64 => ((w as f64) / f64::from(ranks.max(1)))
+                .to_ne_bytes()
+                .to_vec(),
             DataType::F16 => f16::from_f32((w as f32) / fl).to_ne_bytes().to_vec(),
             DataType::Bf16 => bf16::from_f32((w as f32) / fl).to_ne_bytes().to_vec(),
             _ => return encode(d, w / n),

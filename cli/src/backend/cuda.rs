@@ -4,7 +4,7 @@
 use ringcc_cuda::perf::{self, PerfCase};
 use ringcc_cuda::{driver, Comm, Config};
 
-use crate::args::TopoArgs;
+use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
 use crate::perf::{PerfBackend, PerfCall};
 
@@ -65,6 +65,34 @@ impl PerfBackend for CudaBackend {
 
     fn simulated(&self) -> bool {
         false
+    }
+
+    fn lacks(&self, flag: NcclFlag) -> Option<String> {
+        Some(match flag {
+            NcclFlag::Ngpus | NcclFlag::Nthreads => format!(
+                "this process drives {} rank(s), set by --gpus-per-node, from one thread",
+                self.comm.ranks()
+            ),
+            NcclFlag::Blocking => {
+                "each perf cell synchronizes its streams once, after its timed calls".into()
+            }
+            NcclFlag::Average => {
+                "time is the communicator's, all ranks of this process together (as -a 3)".into()
+            }
+            NcclFlag::CudaGraph => {
+                "calls launch one kernel per slice; they are not captured in CUDA graphs yet".into()
+            }
+            NcclFlag::CpuTime => "time is measured with CUDA events on the streams".into(),
+            NcclFlag::ParallelInit => {
+                "the communicator initializes its GPUs from one thread".into()
+            }
+            NcclFlag::LocalRegister => "device buffers need no registration here (no NIC)".into(),
+            NcclFlag::AggIters => {
+                "there is no group launch yet: the calls of an iteration run one after another"
+                    .into()
+            }
+            NcclFlag::CheckIters => "the backend checks the results of the run it timed".into(),
+        })
     }
 
     fn time(

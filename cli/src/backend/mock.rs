@@ -1,18 +1,23 @@
 //! `perf` on the deterministic cluster simulator.
 //!
 //! Timed iterations run in the simulator's timing-only mode (no payload:
-//! large clusters stay fast) and report simulated cluster time; checked
-//! iterations run a second simulated cluster with payload, whose outputs
-//! are compared with the reference element by element.
+//! large clusters stay fast) and report simulated cluster time. The check
+//! is one run of a second simulated cluster with payload per size and
+//! placement (the simulator is deterministic: more would only repeat it),
+//! without user buffers: inputs are generated where the simulated GPUs
+//! read them and every output element is compared with the reference as
+//! it is written ([`GeneratedData`]), the reference computed once per size
+//! and shared by the ranks and both placements. So the check holds one
+//! rank's output and a bit per output element, not every rank's buffers,
+//! and costs O(count) per rank.
 
 use ringcc_core::cost::Link;
-use ringcc_core::verify;
-use ringcc_core::Plan;
-use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers};
+use ringcc_core::{ChannelId, Plan};
+use ringcc_mock::{Call, Cluster, ClusterConfig, GeneratedData};
 
-use crate::args::TopoArgs;
+use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
-use crate::perf::{PerfBackend, PerfCall};
+use crate::perf::{Estimate, PerfBackend, PerfCall};
 use crate::topo;
 
 /// The simulator as a `perf` backend.
@@ -20,8 +25,17 @@ pub struct MockBackend {
     cfg: ClusterConfig,
     timing: Option<Cluster>,
     payload: Option<Cluster>,
+    /// The check of the current size (kept for its second placement).
+    generated: Option<GeneratedData>,
     salt: u64,
 }
+
+/// Measured on a 2-core machine: wall seconds the simulator takes per
+/// slice of a timing-only run, and per slice and per byte a GPU moves in a
+/// payload run (reading its input, generating and checking included).
+const TIMING_PER_SLICE: f64 = 150e-9;
+const PAYLOAD_PER_SLICE: f64 = 3e-6;
+const PAYLOAD_PER_BYTE: f64 = 2.5e-9;
 
 /// The simulator configuration the topology flags describe.
 pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
@@ -54,6 +68,7 @@ impl MockBackend {
             cfg: config(t)?,
             timing: None,
             payload: None,
+            generated: None,
             salt: 0x6e63_636c,
         })
     }
@@ -126,11 +141,10 @@ impl PerfBackend for MockBackend {
         let n = self.ranks();
         let calls = vec![mock_call(call); n as usize];
         let cluster = Self::cluster(&mut self.timing, &self.cfg, false)?;
-        let mut bufs: Vec<RankBuffers> = Vec::new();
         let mut total = 0.0;
-        for i in 0..warmup + iters {
+        for i in 0..warmup.saturating_add(iters) {
             let report = cluster
-                .run(&calls, &mut bufs, in_place)
+                .run(&calls, &mut [], in_place)
                 .map_err(|e| run_failed("run", e))?;
             if let Some(Err(e)) = report.ranks.iter().find(|r| r.is_err()) {
                 return Err(run_failed("collective", e));
@@ -144,69 +158,103 @@ impl PerfBackend for MockBackend {
 
     fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
         let n = self.ranks();
-        let plan = Plan::new(
-            call.collective,
-            call.count,
-            call.dtype,
-            n,
-            self.cfg.channels,
-            self.cfg.chunk_bytes,
-        )
-        .map_err(CliError::core)?;
         let mc = mock_call(call);
-        let calls = vec![mc; n as usize];
-        let elem = usize::from(call.dtype.size());
-        let in_len = plan.input_len() as usize * elem;
-        let out_len = plan.output_len() as usize * elem;
-        let block = call.count as usize * elem;
-        // NCCL's in-place layouts: ReduceScatter's output is block `rank`
-        // of its input, AllGather's input block `rank` of its output.
-        let at = |r: u32| -> (usize, usize) {
-            match (in_place, call.collective) {
-                (false, _) => (0, 0),
-                (true, ringcc_core::Collective::ReduceScatter) => (0, block * r as usize),
-                (true, ringcc_core::Collective::AllGather) => (block * r as usize, 0),
-                (true, _) => (0, 0),
-            }
-        };
-        let mut bufs = Vec::with_capacity(n as usize);
-        for r in 0..n {
-            let mut b = RankBuffers::zeroed(&mc, n, r, in_place);
-            let (input_at, _) = at(r);
-            let dst = if in_place {
-                &mut b.output[input_at..input_at + in_len]
-            } else {
-                &mut b.input[..in_len]
-            };
-            verify::fill_input(&plan, call.op, r, self.salt, dst)
-                .map_err(|e| CliError::internal(e.to_string()))?;
-            bufs.push(b);
+        if self.generated.as_ref().and_then(GeneratedData::call) != Some(mc) {
+            // A new size (or type, op): new inputs, a new reference.
+            self.generated = None;
+            self.salt = self.salt.wrapping_add(1);
+            let g = GeneratedData::new(mc, n, self.salt).map_err(|e| run_failed("check", e))?;
+            self.generated = Some(g);
         }
+        let Some(data) = self.generated.as_mut() else {
+            return Err(CliError::internal("generated data missing"));
+        };
+        // The test-only fault lands on a rank whose output is defined.
+        let victim = match call.collective {
+            ringcc_core::Collective::Reduce { root } => root.0,
+            _ => 0,
+        };
+        data.corrupt_output(victim, corrupt);
         let cluster = Self::cluster(&mut self.payload, &self.cfg, true)?;
         let report = cluster
-            .run(&calls, &mut bufs, in_place)
+            .run_generated(&vec![mc; n as usize], data, in_place)
             .map_err(|e| run_failed("run", e))?;
         if let Some(Err(e)) = report.ranks.iter().find(|r| r.is_err()) {
             return Err(run_failed("collective", e));
         }
-        // The test-only fault lands on a rank whose output is defined.
-        let victim = match call.collective {
-            ringcc_core::Collective::Reduce { root } => root.0 as usize,
-            _ => 0,
+        Ok(data.wrong())
+    }
+
+    fn deterministic(&self) -> bool {
+        true
+    }
+
+    fn lacks(&self, flag: NcclFlag) -> Option<String> {
+        let ranks = self.cfg.ranks();
+        Some(match flag {
+            NcclFlag::Ngpus | NcclFlag::Nthreads => format!(
+                "the simulator runs all {ranks} ranks of the cluster in this process; --nodes, --gpus-per-node and --ranks set its shape"
+            ),
+            NcclFlag::Blocking => "the simulator completes every call before the next starts".into(),
+            NcclFlag::Average => "time is the simulated cluster's, from the call's start on every rank to its end on the last (every rank starts together)".into(),
+            NcclFlag::CudaGraph => "the simulator launches no CUDA kernels, so there is no graph to capture".into(),
+            NcclFlag::CpuTime => "simulated time has no CPU time; the time column is the virtual clock".into(),
+            NcclFlag::ParallelInit => "the simulated cluster is built once, in this thread".into(),
+            NcclFlag::LocalRegister => "the simulator registers its memory regions once, when the cluster is built".into(),
+            NcclFlag::AggIters => "the simulator has no group launch: the calls of an iteration run one after another".into(),
+            NcclFlag::CheckIters => "the simulator is deterministic: each size and placement is checked by one payload run".into(),
+        })
+    }
+
+    fn estimate(&self, call: &PerfCall, calls: u64, checked: bool) -> Estimate {
+        let c = &self.cfg;
+        let n = self.ranks();
+        let Ok(plan) = Plan::new(
+            call.collective,
+            call.count,
+            call.dtype,
+            n,
+            c.channels,
+            c.chunk_bytes,
+        ) else {
+            return Estimate::default();
         };
-        let mut wrong = 0;
-        for (r, b) in bufs.iter_mut().enumerate() {
-            let (_, output_at) = at(r as u32);
-            let out = &mut b.output[output_at..output_at + out_len];
-            if r == victim {
-                for e in out.chunks_exact_mut(elem).take(corrupt as usize) {
-                    e[0] ^= 0x5a;
-                }
-            }
-            wrong += verify::count_wrong(&plan, call.op, r as u32, self.salt, out)
-                .map_err(|e| CliError::internal(e.to_string()))?;
+        // Slices of one call: every lane's steps, each step a chunk of up
+        // to `slices_per_chunk` slices.
+        let elem = u64::from(call.dtype.size());
+        let chunk = plan.chunk_elems().saturating_mul(elem).max(1);
+        let per_step = c.geometry.slices_per_chunk(chunk).max(1);
+        let steps: u64 = (0..c.channels)
+            .map(|ch| plan.total_steps(ChannelId(ch as u8)).unwrap_or(0))
+            .sum();
+        let slices = steps.saturating_mul(u64::from(n)).saturating_mul(per_step) as f64;
+        let lanes = u64::from(n).saturating_mul(u64::from(c.channels));
+        // The simulator's own state: a few KiB per lane.
+        let base = lanes.saturating_mul(4096).saturating_add(32 << 20);
+        let timing = slices * TIMING_PER_SLICE * calls as f64;
+        if !checked {
+            return Estimate {
+                bytes: base,
+                seconds: 2.0 * timing,
+                unchecked_bytes: base,
+            };
         }
-        self.salt = self.salt.wrapping_add(1);
-        Ok(wrong)
+        let mc = mock_call(call);
+        let (input, output) = mc.buffer_bytes(n);
+        // Each rank reads its input and writes its output about once.
+        let moved = (input as u64)
+            .saturating_add(output as u64)
+            .saturating_mul(u64::from(n)) as f64;
+        let reference = GeneratedData::bytes_needed(&mc, n);
+        // FIFO space a lane touches: its slots, as far as its share of
+        // the data fills them; RDMA hops also have a staging FIFO.
+        let share = (input.max(output) as u64 / u64::from(c.channels).max(1)).saturating_mul(2);
+        let fifo = c.geometry.fifo_bytes().min(share.saturating_add(4096 * 8));
+        let fifos = lanes.saturating_mul(fifo).saturating_mul(2);
+        Estimate {
+            bytes: base.saturating_add(reference).saturating_add(fifos),
+            seconds: 2.0 * (timing + slices * PAYLOAD_PER_SLICE + moved * PAYLOAD_PER_BYTE),
+            unchecked_bytes: base,
+        }
     }
 }

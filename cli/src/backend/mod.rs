@@ -9,11 +9,6 @@ use crate::perf::PerfBackend;
 
 /// Opens the backend the flags ask for.
 pub fn open(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
-    if a.local_register != 0 && a.backend != BackendArg::Verbs {
-        return Err(CliError::usage(
-            "-R 1 registers buffers with an RDMA NIC: it needs --backend verbs",
-        ));
-    }
     match a.backend {
         BackendArg::Mock => Ok(Box::new(MockBackend::new(&a.topo)?)),
         BackendArg::Verbs => verbs(a),

@@ -9,7 +9,7 @@ use std::time::Instant;
 use ringcc_core::{verify, Collective, DataType, Plan, ReduceOp};
 use ringcc_verbs::{Call, Communicator, Config};
 
-use crate::args::TopoArgs;
+use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
 use crate::perf::{PerfBackend, PerfCall};
 
@@ -138,6 +138,31 @@ impl PerfBackend for VerbsBackend {
 
     fn prints(&self) -> bool {
         self.comm.rank() == 0
+    }
+
+    fn lacks(&self, flag: NcclFlag) -> Option<String> {
+        Some(match flag {
+            NcclFlag::Ngpus | NcclFlag::Nthreads => {
+                "the verbs backend runs one rank per process, launched by mpirun, srun or torchrun"
+                    .into()
+            }
+            NcclFlag::Blocking => "every verbs call blocks until it completes".into(),
+            NcclFlag::Average => {
+                "time is the slowest rank's (as -a 3), agreed on by the communicator".into()
+            }
+            NcclFlag::CudaGraph => {
+                "the verbs backend moves host memory: there is no CUDA graph".into()
+            }
+            NcclFlag::CpuTime => "verbs calls block, so wall time is the CPU's time".into(),
+            NcclFlag::ParallelInit => {
+                "one rank per process: there is nothing to initialize in parallel".into()
+            }
+            NcclFlag::AggIters => {
+                "there is no group launch yet: the calls of an iteration run one after another"
+                    .into()
+            }
+            NcclFlag::LocalRegister | NcclFlag::CheckIters => return None,
+        })
     }
 
     fn time(
