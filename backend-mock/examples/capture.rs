@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         trace: true,
         capture: true,
         faults: Faults {
-            seed: 1,
+            seed: Some(1),
             loss: 0.02,
             ..Faults::default()
         },

@@ -126,8 +126,8 @@ pub struct ClusterConfig {
     pub payload: bool,
     /// Faults to inject.
     pub faults: Faults,
-    /// Seed of everything random that is not a fault: initial PSNs, memory
-    /// keys.
+    /// Seed of everything random: initial PSNs, memory keys, and the
+    /// faults unless [`Faults::seed`] pins them.
     pub seed: u64,
     /// Virtual seconds a rank's channel may wait without any progress
     /// before it fails with a timeout (default 60 s, above the RNIC's

@@ -181,6 +181,28 @@ impl Error {
         }
     }
 
+    /// The rank this error happened on, where it names one.
+    pub fn rank(&self) -> Option<u32> {
+        match self {
+            Error::InvalidCall { rank, .. }
+            | Error::Buffer { rank, .. }
+            | Error::Machine { rank, .. }
+            | Error::Reduce { rank, .. }
+            | Error::Wire { rank, .. }
+            | Error::Post { rank, .. }
+            | Error::Completion { rank, .. }
+            | Error::Timeout { rank, .. }
+            | Error::RankDied { rank, .. }
+            | Error::Aborted { rank, .. }
+            | Error::EventLimit { rank, .. } => Some(*rank),
+            Error::Config { .. }
+            | Error::Topology { .. }
+            | Error::CallCount { .. }
+            | Error::BufferCount { .. }
+            | Error::CommAborted { .. } => None,
+        }
+    }
+
     /// The error at the root of an abort (the error itself otherwise).
     pub fn root_cause(&self) -> &Error {
         match self {
@@ -253,7 +275,15 @@ impl fmt::Display for Error {
                 rank,
                 origin,
                 cause,
-            } => write!(f, "rank {rank}: aborted by rank {origin}: {cause}"),
+            } => {
+                // The cause names its rank (the origin) itself: saying
+                // "by rank 7: rank 7 ..." would name it twice.
+                if cause.rank() == Some(*origin) {
+                    write!(f, "rank {rank}: aborted after {cause}")
+                } else {
+                    write!(f, "rank {rank}: aborted by rank {origin}: {cause}")
+                }
+            }
             Error::CommAborted { cause } => {
                 write!(f, "the communicator was aborted by an earlier failure: {cause}")
             }
@@ -276,5 +306,41 @@ impl std::error::Error for Error {
             Error::Aborted { cause, .. } | Error::CommAborted { cause } => Some(cause.as_ref()),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_abort_names_the_failed_rank_once() {
+        let died = Error::Aborted {
+            rank: 0,
+            origin: 7,
+            cause: Box::new(Error::RankDied { rank: 7, at: 1e-3 }),
+        };
+        assert_eq!(
+            died.to_string(),
+            "rank 0: aborted after rank 7 died at 0.001000 s"
+        );
+        let livelock = Error::Aborted {
+            rank: 0,
+            origin: 7,
+            cause: Box::new(Error::EventLimit { rank: 7, events: 9 }),
+        };
+        assert!(
+            !livelock.to_string().contains("rank 7: rank 7"),
+            "{livelock}"
+        );
+        let unnamed = Error::Aborted {
+            rank: 0,
+            origin: 7,
+            cause: Box::new(Error::Config { what: "x".into() }),
+        };
+        assert_eq!(
+            unnamed.to_string(),
+            "rank 0: aborted by rank 7: invalid cluster configuration: x"
+        );
     }
 }

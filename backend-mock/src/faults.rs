@@ -58,8 +58,12 @@ pub struct ConnId {
 /// The faults of a cluster. The default injects nothing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Faults {
-    /// Seed of the fault generator: the same seed gives the same faults.
-    pub seed: u64,
+    /// Seed of the fault generator (loss, duplication, reordering,
+    /// jitter): the same seed gives the same faults. `None` (the default)
+    /// derives it from the cluster's [`seed`](ClusterConfig::seed), so that
+    /// one seed varies the whole run; `Some` pins the faults while the
+    /// cluster seed changes, or the other way round.
+    pub seed: Option<u64>,
     /// Probability that a NIC packet is lost.
     pub loss: f64,
     /// Probability that a NIC packet is delivered twice.
@@ -84,7 +88,7 @@ pub struct Faults {
 impl Default for Faults {
     fn default() -> Self {
         Faults {
-            seed: 0,
+            seed: None,
             loss: 0.0,
             duplicate: 0.0,
             reorder: 0.0,
@@ -218,7 +222,9 @@ pub(crate) struct FaultState {
 }
 
 impl FaultState {
-    pub fn new(f: &Faults, ranks: u32) -> FaultState {
+    /// The faults `f` of a cluster of `ranks` ranks whose seed is
+    /// `cluster_seed` (used when `f.seed` is `None`).
+    pub fn new(f: &Faults, cluster_seed: u64, ranks: u32) -> FaultState {
         let mut rank_dies = vec![None; ranks as usize];
         let mut nic_dies = Vec::new();
         let mut nvlink_dies = Vec::new();
@@ -236,7 +242,7 @@ impl FaultState {
             }
         }
         FaultState {
-            rng: Rng::new(f.seed ^ 0xfa17_5eed_0000_0001),
+            rng: Rng::new(f.seed.unwrap_or(cluster_seed) ^ 0xfa17_5eed_0000_0001),
             loss: f.loss,
             duplicate: f.duplicate,
             reorder: f.reorder,
@@ -327,7 +333,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let s = FaultState::new(&f, 4);
+        let s = FaultState::new(&f, 0, 4);
         assert!(!s.rank_dead(1, ps(0.5e-3)));
         assert!(s.rank_dead(1, ps(1e-3)));
         assert!(!s.rank_dead(0, ps(1.0)));

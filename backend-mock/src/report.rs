@@ -208,9 +208,12 @@ pub struct Stats {
     pub packets: u64,
     /// Data packets sent again (go-back-N).
     pub retransmissions: u64,
-    /// ACKs sent by responders.
+    /// ACKs responders put on the wire (as the capture shows them; one
+    /// still queued when a run ends is counted when it leaves, in the next
+    /// run).
     pub acks: u64,
-    /// NAKs sent by responders (sequence errors, access errors, RNR).
+    /// NAKs responders put on the wire (sequence errors, access errors,
+    /// RNR).
     pub naks: u64,
     /// Retransmission timeouts that fired.
     pub timeouts: u64,

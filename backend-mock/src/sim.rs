@@ -142,7 +142,7 @@ impl Sim {
             rnr_delay: ps(cfg.rnic.rnr_delay),
             deadline: ps(cfg.deadline),
             control: ps(cfg.control.latency),
-            faults: FaultState::new(&cfg.faults, n),
+            faults: FaultState::new(&cfg.faults, cfg.seed, n),
             trace: Trace::new(cfg.trace),
             capture: Capture::new(cfg.capture),
             mem: Memory::new(if cfg.payload { n } else { 0 }),

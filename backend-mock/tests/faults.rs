@@ -14,7 +14,7 @@ use ringcc_mock::{
 fn lossy(loss: f64, seed: u64) -> ClusterConfig {
     let mut cfg = common::small(2, 2, 2, 2);
     cfg.faults = Faults {
-        seed,
+        seed: Some(seed),
         loss,
         duplicate: loss / 4.0,
         reorder: loss / 4.0,
@@ -49,6 +49,37 @@ fn ten_percent_loss_gives_exact_results() {
             Some(f) => assert_eq!(f, &outs),
         }
     }
+}
+
+/// Without `faults.seed`, the cluster seed drives the faults; with it, the
+/// faults stay put whatever the cluster seed. Timing-only mode with jitter:
+/// the cluster seed changes nothing else there (no PSNs, no keys), so the
+/// event log moves only if the faults do.
+#[test]
+fn the_cluster_seed_drives_the_faults_unless_they_are_pinned() {
+    let call = Call::new(Collective::AllReduce, 20_000, DataType::F32, ReduceOp::Sum);
+    let hash = |seed: u64, fault_seed: Option<u64>| {
+        let mut cfg = common::small(2, 2, 2, 2);
+        cfg.payload = false;
+        cfg.seed = seed;
+        cfg.faults = Faults {
+            seed: fault_seed,
+            jitter: 2e-6,
+            ..Faults::default()
+        };
+        let mut c = Cluster::new(cfg).unwrap();
+        let r = run_all(&mut c, call, false);
+        assert!(r.ranks.iter().all(Result::is_ok), "{:?}", r.ranks);
+        c.stats().event_hash
+    };
+    assert_eq!(hash(1, None), hash(1, None), "same seed, same log");
+    assert_ne!(
+        hash(1, None),
+        hash(2, None),
+        "the cluster seed must reach the faults"
+    );
+    assert_eq!(hash(1, Some(9)), hash(2, Some(9)), "a pinned fault seed");
+    assert_ne!(hash(1, Some(9)), hash(1, Some(10)));
 }
 
 fn run_all(c: &mut Cluster, call: Call, payload: bool) -> RunReport {

@@ -117,7 +117,7 @@ fn pcap_holds_valid_rocev2_frames() {
     let mut cfg = common::small(2, 1, 1, 1);
     cfg.capture = true;
     cfg.faults = Faults {
-        seed: 4,
+        seed: Some(4),
         loss: 0.05,
         ..Faults::default()
     };

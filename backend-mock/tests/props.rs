@@ -28,7 +28,7 @@ fn faults() -> impl Strategy<Value = Faults> {
         any::<u64>(),
     )
         .prop_map(|(loss, duplicate, reorder, jitter, seed)| Faults {
-            seed,
+            seed: Some(seed),
             loss,
             duplicate,
             reorder,
@@ -133,7 +133,7 @@ proptest! {
         prop_assert_eq!(ra, rb);
         prop_assert_eq!(&outs_a, &outs_b);
         let mut cfg = c.cfg.clone();
-        cfg.faults.seed = other;
+        cfg.faults.seed = Some(other);
         let (_, _, outs_c) = common::run_checked(cfg, c.call, c.in_place, c.salt);
         prop_assert_eq!(&outs_a, &outs_c);
     }
@@ -145,7 +145,7 @@ proptest! {
 fn sequences_of_collectives_under_loss() {
     let mut cfg = common::small(2, 2, 2, 2);
     cfg.faults = Faults {
-        seed: 3,
+        seed: Some(3),
         loss: 0.05,
         ..Faults::default()
     };

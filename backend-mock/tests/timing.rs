@@ -346,7 +346,7 @@ mod random_timing {
                 channels,
                 cross_nic,
                 payload: false,
-                faults: Faults { seed, jitter, ..Faults::default() },
+                faults: Faults { seed: Some(seed), jitter, ..Faults::default() },
                 ..ClusterConfig::default()
             };
             let call = f32_call(Collective::from_code(k, Rank(root % n)).unwrap(), mib << 20);

@@ -360,7 +360,7 @@ pub struct TraceArgs {
     /// Packet loss probability on NIC links (0..0.5), seeded.
     #[arg(long, default_value_t = 0.0)]
     pub loss: f64,
-    /// Fault and interleaving seed.
+    /// Seed of the run: the injected faults, initial PSNs, memory keys.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// The cluster's shape.

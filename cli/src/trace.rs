@@ -1,21 +1,124 @@
 //! `ringcc trace`: one collective on the simulator, with payload, written
 //! out as a Chrome / Perfetto timeline and a pcap of the RoCEv2 traffic.
+//!
+//! The order matters to a user: the output files are created before the
+//! run, so that a path that cannot be written fails at once rather than
+//! after the simulation; they are written after it whether it succeeded or
+//! not, since a failed run is when the timeline and the capture are needed
+//! most; only then is the failure reported.
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::path::{Path, PathBuf};
 
 use ringcc_core::{verify, Plan};
-use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers};
+use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers, RunReport};
 
 use crate::args::TraceArgs;
 use crate::backend::mock::config;
 use crate::error::CliError;
 use crate::perf::count_and_size;
 
-fn create(path: &std::path::Path) -> Result<BufWriter<File>, CliError> {
-    File::create(path)
-        .map(BufWriter::new)
-        .map_err(|e| CliError::failed(format!("cannot create {}: {e}", path.display())))
+/// Salt of the inputs `verify` fills and checks.
+const SALT: u64 = 7;
+
+/// One output file, created and waiting for its contents (the
+/// simulator's writers buffer and flush themselves).
+struct Output {
+    path: PathBuf,
+    file: File,
+}
+
+/// `p` made absolute without requiring it to exist: the file itself if it
+/// exists, else its directory joined with its name.
+fn resolved(p: &Path) -> Option<PathBuf> {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return Some(c);
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
+}
+
+/// Whether two output paths name the same file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b || matches!((resolved(a), resolved(b)), (Some(x), Some(y)) if x == y)
+}
+
+fn create(flag: &str, path: &Path) -> Result<Output, CliError> {
+    let file = File::create(path)
+        .map_err(|e| CliError::usage(format!("cannot create {flag} {}: {e}", path.display())))?;
+    Ok(Output {
+        path: path.to_path_buf(),
+        file,
+    })
+}
+
+/// Creates the `--chrome` and `--pcap` files, or neither.
+fn open_outputs(a: &TraceArgs) -> Result<(Option<Output>, Option<Output>), CliError> {
+    if let (Some(c), Some(p)) = (&a.chrome, &a.pcap) {
+        if same_file(c, p) {
+            return Err(CliError::usage(format!(
+                "--chrome and --pcap both name {}: give two files",
+                c.display()
+            )));
+        }
+    }
+    let chrome = a
+        .chrome
+        .as_deref()
+        .map(|p| create("--chrome", p))
+        .transpose()?;
+    let pcap = match a.pcap.as_deref().map(|p| create("--pcap", p)).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            if let Some(c) = chrome {
+                drop(c.file);
+                // Best effort: the file was created empty a moment ago.
+                let _ = std::fs::remove_file(&c.path);
+            }
+            return Err(e);
+        }
+    };
+    Ok((chrome, pcap))
+}
+
+/// Writes what the cluster recorded into the files; the first failure.
+fn write_outputs(
+    cluster: &Cluster,
+    chrome: Option<Output>,
+    pcap: Option<Output>,
+) -> Result<(), CliError> {
+    let failed = |o: &Output, e: std::io::Error| {
+        CliError::failed(format!("writing {}: {e}", o.path.display()))
+    };
+    let mut first = Ok(());
+    if let Some(o) = chrome {
+        if let Err(e) = cluster.write_chrome_trace(&o.file) {
+            first = first.and(Err(failed(&o, e)));
+        }
+    }
+    if let Some(o) = pcap {
+        if let Err(e) = cluster.write_pcap(&o.file) {
+            first = first.and(Err(failed(&o, e)));
+        }
+    }
+    first
+}
+
+/// The failure of a run whose ranks did not all succeed: how many failed,
+/// and the root cause of the first one's failure, which names its rank
+/// itself.
+fn run_failure(what: impl std::fmt::Display, report: &RunReport) -> Option<CliError> {
+    let mut failed = report.ranks.iter().filter_map(|r| r.as_ref().err());
+    let first = failed.next()?;
+    Some(CliError::failed(format!(
+        "simulated {what} failed on {} of {} ranks: {}",
+        1 + failed.count(),
+        report.ranks.len(),
+        first.root_cause()
+    )))
 }
 
 /// Runs `ringcc trace`.
@@ -40,6 +143,8 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
             a.root
         )));
     }
+    // One seed for the run: `faults.seed` stays unset, so the simulator
+    // derives the fault generator's seed from the cluster's.
     let mut cfg = ClusterConfig {
         payload: true,
         trace: a.chrome.is_some(),
@@ -57,33 +162,31 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
         .map(|r| RankBuffers::zeroed(&call, n, r, false))
         .collect();
     for (r, b) in bufs.iter_mut().enumerate() {
-        verify::fill_input(&plan, a.op, r as u32, 7, &mut b.input)
+        verify::fill_input(&plan, a.op, r as u32, SALT, &mut b.input)
             .map_err(|e| CliError::internal(e.to_string()))?;
     }
-    let report = cluster
-        .run(&vec![call; n as usize], &mut bufs, false)
-        .map_err(|e| CliError::failed(e.to_string()))?;
+    let (chrome, pcap) = open_outputs(a)?;
+    let run = cluster.run(&vec![call; n as usize], &mut bufs, false);
+    let written = write_outputs(&cluster, chrome, pcap);
+    let report = match run {
+        Ok(r) => r,
+        Err(e) => return Err(CliError::failed(format!("simulated {collective}: {e}"))),
+    };
+    let failure = run_failure(collective, &report);
     let mut wrong = 0;
-    for (r, res) in report.ranks.iter().enumerate() {
-        if let Err(e) = res {
-            return Err(CliError::failed(format!("rank {r}: {e}")));
+    if failure.is_none() {
+        for (r, b) in bufs.iter().enumerate() {
+            wrong += verify::count_wrong(&plan, a.op, r as u32, SALT, &b.output)
+                .map_err(|e| CliError::internal(e.to_string()))?;
         }
-        wrong += verify::count_wrong(&plan, a.op, r as u32, 7, &bufs[r].output)
-            .map_err(|e| CliError::internal(e.to_string()))?;
-    }
-    if let Some(p) = &a.chrome {
-        cluster
-            .write_chrome_trace(create(p)?)
-            .map_err(|e| CliError::failed(format!("writing {}: {e}", p.display())))?;
-    }
-    if let Some(p) = &a.pcap {
-        cluster
-            .write_pcap(create(p)?)
-            .map_err(|e| CliError::failed(format!("writing {}: {e}", p.display())))?;
     }
     let st = cluster.stats();
+    let outcome = match &failure {
+        Some(_) => "FAILED".to_string(),
+        None => format!("#wrong {wrong}"),
+    };
     println!(
-        "{} of {size} B on {n} ranks: {:.3} us simulated, {} events, #wrong {wrong}",
+        "{} of {size} B on {n} ranks: {:.3} us simulated, {} events, {outcome}",
         collective,
         (report.end - report.start) * 1e6,
         report.events
@@ -92,6 +195,16 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
         "  {} execs, {} work requests, {} packets ({} retransmitted, {} lost, {} ACKs, {} NAKs), {} credits, event-log hash {:016x}",
         st.execs, st.work_requests, st.packets, st.retransmissions, st.lost, st.acks, st.naks, st.credits, st.event_hash
     );
+    match (written, &failure) {
+        (Err(w), Some(f)) => return Err(CliError::failed(format!("{f}; {w}"))),
+        (Err(w), None) => return Err(w),
+        (Ok(()), _) => {}
+    }
+    let upto = if failure.is_some() {
+        ", up to the failure"
+    } else {
+        ""
+    };
     for (p, what) in [
         (
             &a.chrome,
@@ -100,8 +213,11 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
         (&a.pcap, "RoCEv2 capture (open in Wireshark)"),
     ] {
         if let Some(p) = p {
-            println!("wrote {}: {what}", p.display());
+            println!("wrote {}: {what}{upto}", p.display());
         }
+    }
+    if let Some(f) = failure {
+        return Err(f);
     }
     if wrong > 0 {
         return Err(CliError::failed(format!("{wrong} wrong elements")));

@@ -44,8 +44,8 @@ pub(crate) struct NicPort {
     pub ip: [u8; 4],
     /// Queue pairs with packets to send, served round robin.
     pub rr: VecDeque<u32>,
-    /// ACK / NAK frames to send first, with their destination port.
-    pub ctrl: VecDeque<(Vec<u8>, u32)>,
+    /// ACK / NAK frames to send first.
+    pub ctrl: VecDeque<CtrlFrame>,
     /// A `PortTx` event is pending.
     pub tx_scheduled: bool,
 }
@@ -61,6 +61,22 @@ impl NicPort {
             tx_scheduled: false,
         }
     }
+}
+
+/// An ACK or NAK waiting for its port. It is counted in
+/// [`Stats`](crate::Stats) when it leaves the port, where the capture
+/// records it, not when it is queued: the run can end with some still
+/// queued (the last messages' ACKs, which no rank waits for), and those go
+/// out, and count, in the next run.
+#[derive(Debug)]
+pub(crate) struct CtrlFrame {
+    /// The frame.
+    pub bytes: Vec<u8>,
+    /// The destination port.
+    pub to: u32,
+    /// A NAK (sequence error, fatal error, receiver not ready) rather than
+    /// an ACK.
+    pub nak: bool,
 }
 
 /// A frame on the wire.

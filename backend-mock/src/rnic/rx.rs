@@ -7,6 +7,7 @@ use ringcc_core::wire::{Completion, Psn, WcOpcode, WcStatus};
 
 use super::frame::ack_frame;
 use super::qp::{QpState, WriteCtx};
+use super::CtrlFrame;
 use crate::sim::Sim;
 
 fn is_write(op: Opcode) -> bool {
@@ -158,11 +159,7 @@ impl Sim {
     /// Queues an ACK / NAK on the responder's port, ahead of data.
     fn send_ack(&mut self, qp: u32, psn: Psn, syndrome: Syndrome) {
         let q = &self.nic.qps[qp as usize];
-        if matches!(syndrome, Syndrome::Ack { .. }) {
-            self.stats.acks += 1;
-        } else {
-            self.stats.naks += 1;
-        }
+        let nak = !matches!(syndrome, Syndrome::Ack { .. });
         let ports = &self.nic.ports;
         let frame = ack_frame(
             &ports[q.port as usize],
@@ -174,9 +171,14 @@ impl Sim {
             q.msn,
         );
         let (port, to) = (q.port, q.peer_port);
-        if let Ok(f) = frame {
-            self.nic.ports[port as usize].ctrl.push_back((f, to));
+        if let Ok(bytes) = frame {
+            let c = CtrlFrame { bytes, to, nak };
+            self.nic.ports[port as usize].ctrl.push_back(c);
             self.kick(port);
+        } else {
+            // Cannot happen for the fields an ACK carries; counted like an
+            // unformattable data packet.
+            self.stats.dropped += 1;
         }
     }
 }

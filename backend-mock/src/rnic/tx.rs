@@ -251,7 +251,15 @@ impl Sim {
             return;
         }
         let (bytes, to, qp, trace) = match self.nic.ports[port as usize].ctrl.pop_front() {
-            Some((f, to)) => (f, to, None, None),
+            Some(c) => {
+                // Counted here, where the capture sees it (see `CtrlFrame`).
+                if c.nak {
+                    self.stats.naks += 1;
+                } else {
+                    self.stats.acks += 1;
+                }
+                (c.bytes, c.to, None, None)
+            }
             None => match self.next_data_packet(port) {
                 Some((f, to, qp, trace)) => (f, to, Some(qp), trace),
                 None => return,
