@@ -235,7 +235,7 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
         ""
     );
     if prints {
-        print!("{out}");
+        crate::stdout::print(&out)?;
     }
     out.clear();
     let progress = Progress::new();
@@ -293,7 +293,7 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
             fmt_cell(&cells[1])
         );
         if prints {
-            println!("{line}");
+            crate::stdout::println(&line)?;
         }
         rows.push(json!({
             "size": size, "count": count, "type": a.dtype.name(), "redop": op_name, "root": root,
@@ -314,7 +314,7 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     let _ = writeln!(out, "# Avg bus bandwidth    : {avg:.4} ");
     let _ = writeln!(out, "#");
     if prints {
-        print!("{out}");
+        crate::stdout::print(&out)?;
         if let Some(path) = &a.json {
             let doc = json!({
                 "tool": "ringcc perf",

@@ -11,6 +11,7 @@ use crate::args::TraceArgs;
 use crate::backend::mock::config;
 use crate::error::CliError;
 use crate::perf::count_and_size;
+use crate::stdout;
 
 fn create(path: &std::path::Path) -> Result<BufWriter<File>, CliError> {
     File::create(path)
@@ -82,16 +83,16 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::failed(format!("writing {}: {e}", p.display())))?;
     }
     let st = cluster.stats();
-    println!(
+    stdout::println(&format!(
         "{} of {size} B on {n} ranks: {:.3} us simulated, {} events, #wrong {wrong}",
         collective,
         (report.end - report.start) * 1e6,
         report.events
-    );
-    println!(
+    ))?;
+    stdout::println(&format!(
         "  {} execs, {} work requests, {} packets ({} retransmitted, {} lost, {} ACKs, {} NAKs), {} credits, event-log hash {:016x}",
         st.execs, st.work_requests, st.packets, st.retransmissions, st.lost, st.acks, st.naks, st.credits, st.event_hash
-    );
+    ))?;
     for (p, what) in [
         (
             &a.chrome,
@@ -100,7 +101,7 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
         (&a.pcap, "RoCEv2 capture (open in Wireshark)"),
     ] {
         if let Some(p) = p {
-            println!("wrote {}: {what}", p.display());
+            stdout::println(&format!("wrote {}: {what}", p.display()))?;
         }
     }
     if wrong > 0 {
