@@ -25,7 +25,7 @@ pub struct MockBackend {
 
 /// The simulator configuration the topology flags describe.
 pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
-    topo::check(t)?;
+    let t = &topo::resolve(t)?;
     let cfg = ClusterConfig {
         nodes: t.nodes,
         gpus_per_node: t.gpus_per_node,
