@@ -15,6 +15,15 @@ pub type LinkModel = ringcc_core::cost::Link;
 /// The most ranks a simulated cluster can have.
 pub const MAX_RANKS: usize = 4096;
 
+/// The slowest bandwidth (bytes per second) of a link or of GPU memory the
+/// simulator times exactly: its picoseconds per byte, in the engine's
+/// 32.32 fixed point, must fit 32 integer bits (about 4.3 ms per byte).
+pub const MIN_BANDWIDTH: f64 = 233.0;
+
+/// The fastest bandwidth (bytes per second) the simulator accepts: its
+/// picoseconds per byte must not round to zero (above about 8.6e21 B/s).
+pub const MAX_BANDWIDTH: f64 = 1e21;
+
 /// How long a GPU takes to carry out one slice of a primitive.
 ///
 /// A slice reads its incoming FIFO slot and/or local input and writes the
@@ -188,6 +197,25 @@ fn check_link(name: &str, l: &LinkModel) -> Result<(), Error> {
     Ok(())
 }
 
+/// A bandwidth the engine turns into a rate: within what the rate holds.
+fn check_rate(name: &str, bandwidth: f64) -> Result<(), Error> {
+    if (MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&bandwidth) {
+        return Ok(());
+    }
+    if bandwidth < MIN_BANDWIDTH {
+        return Err(bad(format!(
+            "{name} bandwidth of {bandwidth:.3e} B/s is below the slowest the simulator can time: \
+             at least {MIN_BANDWIDTH} B/s ({:e} GB/s, {:e} Gb/s)",
+            MIN_BANDWIDTH / 1e9,
+            MIN_BANDWIDTH * 8.0 / 1e9
+        )));
+    }
+    Err(bad(format!(
+        "{name} bandwidth of {bandwidth:.3e} B/s is above the fastest the simulator can time: \
+         at most {MAX_BANDWIDTH:e} B/s"
+    )))
+}
+
 impl ClusterConfig {
     /// Number of ranks.
     pub fn ranks(&self) -> u64 {
@@ -246,6 +274,10 @@ impl ClusterConfig {
         if !(g.mem_bandwidth.is_finite() && g.mem_bandwidth > 0.0) {
             return Err(bad("GPU memory bandwidth must be positive and finite"));
         }
+        // The control network's bandwidth is not timed (only its latency).
+        check_rate("NVLink", self.nvlink.bandwidth)?;
+        check_rate("NIC", self.nic.bandwidth)?;
+        check_rate("GPU memory", g.mem_bandwidth)?;
         if !(g.step_overhead.is_finite() && g.step_overhead >= 0.0) {
             return Err(bad("GPU step overhead must be non-negative and finite"));
         }
@@ -319,6 +351,49 @@ mod tests {
         ];
         for c in bad {
             assert!(matches!(c.validate(), Err(Error::Config { .. })), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_bandwidths_the_rate_cannot_hold() {
+        let with = |nvlink: f64, nic: f64, gpu: f64| ClusterConfig {
+            nvlink: LinkModel {
+                bandwidth: nvlink,
+                ..LinkModel::NVLINK
+            },
+            nic: LinkModel {
+                bandwidth: nic,
+                ..LinkModel::NIC_400G
+            },
+            gpu: GpuModel {
+                mem_bandwidth: gpu,
+                ..GpuModel::default()
+            },
+            ..Default::default()
+        };
+        let ok = (300e9, 50e9, 3e12);
+        with(ok.0, ok.1, ok.2).validate().unwrap();
+        with(MIN_BANDWIDTH, MIN_BANDWIDTH, MIN_BANDWIDTH)
+            .validate()
+            .unwrap();
+        with(MAX_BANDWIDTH, MAX_BANDWIDTH, MAX_BANDWIDTH)
+            .validate()
+            .unwrap();
+        for (c, name) in [
+            (with(1.0, ok.1, ok.2), "NVLink"),
+            (with(MIN_BANDWIDTH - 1.0, ok.1, ok.2), "NVLink"),
+            (with(ok.0, 100.0, ok.2), "NIC"),
+            (with(ok.0, ok.1, 1.0), "GPU memory"),
+            (with(ok.0, ok.1, 1e22), "GPU memory"),
+        ] {
+            let Err(Error::Config { what }) = c.validate() else {
+                panic!("accepted {c:?}")
+            };
+            assert!(what.starts_with(&format!("{name} bandwidth")), "{what}");
+            assert!(
+                what.contains("233 B/s") || what.contains("1e21 B/s"),
+                "{what}"
+            );
         }
     }
 }

@@ -26,18 +26,31 @@ pub(crate) fn secs(t: Ps) -> f64 {
 /// A bandwidth as picoseconds per byte in 32.32 fixed point: transfer
 /// times in integer arithmetic on the hot path (within a picosecond of
 /// `ps(bytes / bandwidth)`).
+///
+/// It holds the bandwidths from
+/// [`MIN_BANDWIDTH`](crate::config::MIN_BANDWIDTH) to
+/// [`MAX_BANDWIDTH`](crate::config::MAX_BANDWIDTH), which
+/// [`ClusterConfig::validate`](crate::ClusterConfig::validate) enforces:
+/// below, the picoseconds per byte overflow the 32 integer bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rate(u64);
 
 impl Rate {
+    /// The rate of `bandwidth` bytes per second. Outside the range above
+    /// it saturates (a slower link would look faster than it is): the
+    /// configuration is validated first.
     pub fn new(bandwidth: f64) -> Rate {
+        // `as` saturates (and maps NaN to 0).
         Rate((1e12 / bandwidth * 4_294_967_296.0).round() as u64)
     }
 
-    /// Picoseconds to move `bytes`.
+    /// Picoseconds to move `bytes`, saturating at `Ps::MAX` (a slow link
+    /// and a huge transfer can exceed 2^64 ps).
     #[inline]
     pub fn time(self, bytes: u64) -> Ps {
-        ((u128::from(bytes) * u128::from(self.0) + (1 << 31)) >> 32) as Ps
+        // (2^64 - 1)^2 + 2^31 < 2^128: the product cannot overflow.
+        let t = (u128::from(bytes) * u128::from(self.0) + (1 << 31)) >> 32;
+        Ps::try_from(t).unwrap_or(Ps::MAX)
     }
 }
 
@@ -427,5 +440,31 @@ mod tests {
                 assert!(r.time(b).abs_diff(ps(b as f64 / bw)) <= 1, "{bw} {b}");
             }
         }
+    }
+
+    #[test]
+    fn rate_holds_the_accepted_bandwidths_and_saturates_past_them() {
+        use crate::config::{MAX_BANDWIDTH, MIN_BANDWIDTH};
+        // 1 KB/s: 1e9 ps per byte; 2^40 bytes take 1.1e21 ps > 2^64: the
+        // time saturates instead of wrapping.
+        let r = Rate::new(1e3);
+        assert_eq!(r.time(1 << 40), Ps::MAX);
+        assert_eq!(Rate::new(MIN_BANDWIDTH).time(u64::MAX), Ps::MAX);
+        assert!(r.time(1 << 30) < r.time(1 << 31));
+        // The slowest accepted bandwidth still fits, one byte per second
+        // less does not (it saturates: the validation is what stops it).
+        assert!(Rate::new(MIN_BANDWIDTH).0 < u64::MAX);
+        assert_eq!(Rate::new(MIN_BANDWIDTH - 1.0).0, u64::MAX);
+        assert!(Rate::new(MAX_BANDWIDTH).0 >= 1);
+        // Over the slow end of the range, times are exact to 1e-9.
+        for bw in [MIN_BANDWIDTH, 1e3, 1e6] {
+            let r = Rate::new(bw);
+            for b in [1u64, 4096, 1 << 20, 32 << 20] {
+                let exact = b as f64 / bw * 1e12;
+                let rel = (r.time(b) as f64 - exact).abs() / exact;
+                assert!(rel < 1e-9, "{bw} B/s, {b} B: {} ps, not {exact}", r.time(b));
+            }
+        }
+        assert!(Rate::new(MIN_BANDWIDTH).time(4096) > Rate::new(1e3).time(4096));
     }
 }

@@ -107,7 +107,9 @@ mod trace;
 
 use std::io::{self, Write};
 
-pub use config::{ClusterConfig, GpuModel, LinkModel, RnicModel, MAX_RANKS};
+pub use config::{
+    ClusterConfig, GpuModel, LinkModel, RnicModel, MAX_BANDWIDTH, MAX_RANKS, MIN_BANDWIDTH,
+};
 pub use error::Error;
 pub use fabric::LinkKind;
 pub use faults::{Component, ConnId, Failure, Faults};

@@ -72,12 +72,16 @@ pub enum BackendArg {
 /// subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct TopoArgs {
+    /// Total ranks (GPUs), spread evenly over --nodes; with
+    /// --gpus-per-node too, it must be nodes x gpus-per-node.
+    #[arg(long)]
+    pub ranks: Option<u32>,
     /// Nodes (hosts) of the simulated cluster.
     #[arg(long, default_value_t = 1)]
     pub nodes: u32,
-    /// GPUs (ranks) per node.
-    #[arg(long, default_value_t = 8)]
-    pub gpus_per_node: u32,
+    /// GPUs (ranks) per node [default: 8, or --ranks / --nodes].
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
     /// RDMA NICs per node.
     #[arg(long, default_value_t = 8)]
     pub nics_per_node: u16,
@@ -104,12 +108,10 @@ pub struct TopoArgs {
 /// NCCL's chunk size.
 pub const DEFAULT_CHUNK_BYTES: u64 = 2 << 20;
 
-impl TopoArgs {
-    /// Total ranks.
-    pub fn ranks(&self) -> u64 {
-        u64::from(self.nodes) * u64::from(self.gpus_per_node)
-    }
+/// GPUs per node without --gpus-per-node or --ranks: a DGX's.
+pub const DEFAULT_GPUS_PER_NODE: u32 = 8;
 
+impl TopoArgs {
     /// Chunk size: `--chunk-bytes`, or NCCL's 2 MiB.
     pub fn chunk_bytes(&self) -> u64 {
         self.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES)
@@ -310,9 +312,6 @@ impl PerfArgs {
 pub struct ExplainArgs {
     /// The collective.
     pub collective: CollArg,
-    /// Total ranks (GPUs); with --nodes, spread evenly over the nodes.
-    #[arg(long)]
-    pub ranks: Option<u32>,
     /// Root rank of Broadcast and Reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: u32,

@@ -11,7 +11,14 @@ pub enum CliError {
     Failed(String),
     /// A bug in ringcc itself (exit 3).
     Internal(String),
+    /// Whoever read stdout closed it (`ringcc … | head`): the command
+    /// stops without a message, with the status a shell reports for a
+    /// process that SIGPIPE ended (128 + 13).
+    StdoutClosed,
 }
+
+/// The exit status of [`CliError::StdoutClosed`].
+pub const EXIT_STDOUT_CLOSED: i32 = 128 + 13;
 
 impl CliError {
     /// A usage error.
@@ -40,6 +47,7 @@ impl CliError {
             CliError::Usage(_) => 2,
             CliError::Failed(_) => 1,
             CliError::Internal(_) => 3,
+            CliError::StdoutClosed => EXIT_STDOUT_CLOSED,
         }
     }
 }
@@ -49,6 +57,7 @@ impl fmt::Display for CliError {
         match self {
             CliError::Usage(m) | CliError::Failed(m) => f.write_str(m),
             CliError::Internal(m) => write!(f, "internal error: {m} (please report this)"),
+            CliError::StdoutClosed => f.write_str("stdout was closed"),
         }
     }
 }

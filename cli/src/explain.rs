@@ -21,7 +21,7 @@ const LETTERED: u32 = TABLE_RANKS;
 
 /// Runs `ringcc explain` and returns the text to print.
 pub fn explain(a: &ExplainArgs) -> Result<String, CliError> {
-    let shape = topo::shape_for_ranks(&a.topo, a.ranks)?;
+    let shape = topo::resolve(&a.topo)?;
     let t = topo::build(&shape)?;
     let n = t.ranks();
     let collective = a.collective.collective(a.root);

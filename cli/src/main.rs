@@ -5,11 +5,13 @@ mod args;
 mod backend;
 mod error;
 mod explain;
-mod output;
 mod perf;
 mod progress;
+mod stdout;
 mod topo;
 mod trace;
+
+use std::io::Write as _;
 
 use clap::Parser;
 
@@ -38,7 +40,7 @@ fn run(cli: Cli) -> Result<i32, CliError> {
             Ok(if ok { 0 } else { 1 })
         }
         Command::Explain(a) => {
-            print!("{}", explain::explain(&a)?);
+            stdout::print(&explain::explain(&a)?)?;
             Ok(0)
         }
         Command::Trace(a) => {
@@ -53,8 +55,11 @@ fn main() {
     init_log();
     let code = match run(cli) {
         Ok(code) => code,
+        // The reader of stdout is gone: nothing to tell anyone.
+        Err(e @ CliError::StdoutClosed) => e.exit_code(),
         Err(e) => {
-            eprintln!("ringcc: {e}");
+            // Not `eprintln!`: it panics when stderr is closed too.
+            let _ = writeln!(std::io::stderr(), "ringcc: {e}");
             e.exit_code()
         }
     };

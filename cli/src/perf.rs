@@ -397,7 +397,7 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
         ""
     );
     if prints {
-        crate::output::print(&out);
+        crate::stdout::print(&out)?;
     }
     out.clear();
     let cycles = a.run_cycles;
@@ -484,7 +484,7 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
                 fmt_cell(&cells[1])
             );
             if prints {
-                progress.suspend(|| crate::output::print(&line));
+                progress.suspend(|| crate::stdout::print(&line))?;
             }
             rows.push(json!({
                 "cycle": cycle,
@@ -508,7 +508,7 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     let _ = writeln!(out, "# Avg bus bandwidth    : {avg:.4} ");
     let _ = writeln!(out, "#");
     if prints {
-        crate::output::print(&out);
+        crate::stdout::print(&out)?;
         if let Some(path) = &a.json {
             let names = |v: Vec<&str>| v.into_iter().map(String::from).collect::<Vec<_>>();
             let doc = json!({

@@ -73,8 +73,8 @@ impl Progress {
 
     /// Runs `f` (which prints to stdout) with the line cleared, so a table
     /// row on the same terminal never lands inside it.
-    pub fn suspend(&self, f: impl FnOnce()) {
-        self.bar.suspend(f);
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
     }
 
     /// Removes the line for good.

@@ -17,6 +17,7 @@ use crate::args::TraceArgs;
 use crate::backend::mock::config;
 use crate::error::CliError;
 use crate::perf::count_and_size;
+use crate::stdout;
 
 /// Salt of the inputs `verify` fills and checks.
 const SALT: u64 = 7;
@@ -185,16 +186,16 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
         Some(_) => "FAILED".to_string(),
         None => format!("#wrong {wrong}"),
     };
-    println!(
+    stdout::println(&format!(
         "{} of {size} B on {n} ranks: {:.3} us simulated, {} events, {outcome}",
         collective,
         (report.end - report.start) * 1e6,
         report.events
-    );
-    println!(
+    ))?;
+    stdout::println(&format!(
         "  {} execs, {} work requests, {} packets ({} retransmitted, {} lost, {} ACKs, {} NAKs), {} credits, event-log hash {:016x}",
         st.execs, st.work_requests, st.packets, st.retransmissions, st.lost, st.acks, st.naks, st.credits, st.event_hash
-    );
+    ))?;
     match (written, &failure) {
         (Err(w), Some(f)) => return Err(CliError::failed(format!("{f}; {w}"))),
         (Err(w), None) => return Err(w),
@@ -213,7 +214,7 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
         (&a.pcap, "RoCEv2 capture (open in Wireshark)"),
     ] {
         if let Some(p) = p {
-            println!("wrote {}: {what}{upto}", p.display());
+            stdout::println(&format!("wrote {}: {what}{upto}", p.display()))?;
         }
     }
     if let Some(f) = failure {

@@ -4,9 +4,10 @@
 use ringcc_cuda::perf::{self, PerfCase};
 use ringcc_cuda::{driver, Comm, Config};
 
-use crate::args::{NcclFlag, TopoArgs};
+use crate::args::NcclFlag;
 use crate::error::CliError;
 use crate::perf::{PerfBackend, PerfCall};
+use crate::topo::Shape;
 
 /// CUDA as a `perf` backend.
 pub struct CudaBackend {
@@ -22,8 +23,9 @@ fn failed(e: ringcc_cuda::Error) -> CliError {
 }
 
 impl CudaBackend {
-    /// A communicator over this process's GPUs.
-    pub fn new(t: &TopoArgs) -> Result<CudaBackend, CliError> {
+    /// A communicator over this process's GPUs: `t.gpus_per_node` ranks
+    /// (`--gpus-per-node` or `--ranks`).
+    pub fn new(t: &Shape) -> Result<CudaBackend, CliError> {
         if t.nodes != 1 {
             return Err(CliError::usage(
                 "--backend cuda drives the GPUs of one node: use --nodes 1",

@@ -39,7 +39,7 @@ const PAYLOAD_PER_BYTE: f64 = 2.5e-9;
 
 /// The simulator configuration the topology flags describe.
 pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
-    topo::check(t)?;
+    let t = &topo::resolve(t)?;
     let cfg = ClusterConfig {
         nodes: t.nodes,
         gpus_per_node: t.gpus_per_node,

@@ -18,6 +18,9 @@ pub fn open(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
 
 #[cfg(feature = "verbs")]
 fn verbs(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
+    // The launcher fixes the ranks; the shape flags are only checked, so
+    // that contradictory ones are refused here as on every other backend.
+    crate::topo::resolve(&a.topo)?;
     Ok(Box::new(verbs::VerbsBackend::new(
         &a.topo,
         a.local_register != 0,
@@ -33,7 +36,9 @@ fn verbs(_: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
 
 #[cfg(feature = "cuda")]
 fn cuda(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
-    Ok(Box::new(cuda::CudaBackend::new(&a.topo)?))
+    Ok(Box::new(cuda::CudaBackend::new(&crate::topo::resolve(
+        &a.topo,
+    )?)?))
 }
 
 #[cfg(not(feature = "cuda"))]
