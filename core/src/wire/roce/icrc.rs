@@ -26,47 +26,6 @@ use super::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 /// Bytes of the ICRC trailer.
 pub const ICRC_LEN: usize = 4;
 
-const POLY: u32 = 0xedb8_8320;
-
-// Evaluated at compile time: an out-of-range index here would fail the
-// build, never a running program. TABLES[0] is the classic byte table;
-// TABLES[k] advances a byte k positions further, for slicing-by-8.
-#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
-const TABLES: [[u32; 256]; 8] = {
-    let mut t = [[0u32; 256]; 8];
-    let mut i = 0usize;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
-            k += 1;
-        }
-        t[0][i] = c;
-        i += 1;
-    }
-    let mut i = 0usize;
-    while i < 256 {
-        let mut k = 1;
-        while k < 8 {
-            let prev = t[k - 1][i];
-            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
-            k += 1;
-        }
-        i += 1;
-    }
-    t
-};
-
-#[inline(always)]
-fn lookup(table: usize, index: u32) -> u32 {
-    TABLES
-        .get(table)
-        .and_then(|t| t.get((index & 0xff) as usize))
-        .copied()
-        .unwrap_or(0)
-}
-
 /// An incremental CRC-32 (IEEE 802.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Crc32 {
@@ -92,25 +51,10 @@ impl Crc32 {
 
     /// Feeds `data`.
     pub fn update(&mut self, data: &[u8]) {
-        let mut c = self.state;
-        // Slicing-by-8: eight bytes per step through eight tables.
-        let (words, rest) = data.as_chunks::<8>();
-        for w in words {
-            let lo = u32::from_le_bytes([w[0], w[1], w[2], w[3]]) ^ c;
-            let hi = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
-            c = lookup(7, lo)
-                ^ lookup(6, lo >> 8)
-                ^ lookup(5, lo >> 16)
-                ^ lookup(4, lo >> 24)
-                ^ lookup(3, hi)
-                ^ lookup(2, hi >> 8)
-                ^ lookup(1, hi >> 16)
-                ^ lookup(0, hi >> 24);
-        }
-        for &b in rest {
-            c = lookup(0, c ^ u32::from(b)) ^ (c >> 8);
-        }
-        self.state = c;
+        // crc32fast continues from a finished CRC: the register inverted.
+        let mut h = crc32fast::Hasher::new_with_initial(!self.state);
+        h.update(data);
+        self.state = !h.finalize();
     }
 
     /// The CRC of everything fed so far.
