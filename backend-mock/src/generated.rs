@@ -18,6 +18,7 @@
 //! real memory.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ringcc_core::verify::{self, Elem, MAX_ELEM};
 use ringcc_core::{Collective, Plan};
@@ -115,7 +116,7 @@ pub struct GeneratedData {
     in_place: bool,
     /// The reduction of every rank's input element `i` (reducing
     /// collectives), encoded.
-    reference: Vec<u8>,
+    reference: Arc<Vec<u8>>,
     checks: Vec<RankCheck>,
     layouts: Vec<BufLayout>,
     scratch: Vec<u8>,
@@ -137,19 +138,32 @@ impl GeneratedData {
     /// Bytes this check holds for `call` on `ranks` ranks (the reference
     /// and the per-rank bits), to estimate a run before making it.
     pub fn bytes_needed(call: &Call, ranks: u32) -> u64 {
+        Self::reference_bytes(call, ranks).saturating_add(Self::run_bytes(call, ranks))
+    }
+
+    /// Bytes of the reference alone, which [`share`](Self::share)d checks
+    /// hold once between them.
+    pub fn reference_bytes(call: &Call, ranks: u32) -> u64 {
         let elem = call.elem() as u64;
-        let count = call.count;
-        let n = u64::from(ranks);
-        let reference = match call.collective {
-            Collective::AllReduce | Collective::Reduce { .. } => count.saturating_mul(elem),
-            Collective::ReduceScatter => count.saturating_mul(n).saturating_mul(elem),
+        match call.collective {
+            Collective::AllReduce | Collective::Reduce { .. } => call.count.saturating_mul(elem),
+            Collective::ReduceScatter => call
+                .count
+                .saturating_mul(u64::from(ranks))
+                .saturating_mul(elem),
             _ => 0,
-        };
+        }
+    }
+
+    /// Bytes each check of a call holds for itself: a bit per output
+    /// element and rank.
+    pub fn run_bytes(call: &Call, ranks: u32) -> u64 {
+        let n = u64::from(ranks);
         let out_elems = match call.collective {
-            Collective::AllGather => count.saturating_mul(n),
-            _ => count,
+            Collective::AllGather => call.count.saturating_mul(n),
+            _ => call.count,
         };
-        reference.saturating_add(out_elems.div_ceil(8).saturating_mul(n))
+        out_elems.div_ceil(8).saturating_mul(n)
     }
 
     /// The check of `call` on `ranks` ranks with inputs salted by `salt`:
@@ -179,9 +193,24 @@ impl GeneratedData {
             plan: Some(plan),
             ranks,
             salt,
-            reference,
+            reference: Arc::new(reference),
             ..GeneratedData::default()
         })
+    }
+
+    /// Another check of the same call and inputs, sharing the reference
+    /// (computed once): for a second run at the same time, e.g. the other
+    /// placement on another thread.
+    pub fn share(&self) -> GeneratedData {
+        GeneratedData {
+            call: self.call,
+            plan: self.plan.clone(),
+            ranks: self.ranks,
+            salt: self.salt,
+            reference: Arc::clone(&self.reference),
+            corrupt: self.corrupt,
+            ..GeneratedData::default()
+        }
     }
 
     /// The call this check is for.

@@ -172,6 +172,16 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// The largest size flag (`16G`, `700M`, `12345`) at most `b`.
+fn human_size_flag(b: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if b >> shift > 0 {
+            return format!("{}{unit}", b >> shift);
+        }
+    }
+    b.to_string()
+}
+
 /// Seconds as a person reads them.
 pub fn human_secs(s: f64) -> String {
     if s < 90.0 {
@@ -250,23 +260,38 @@ fn sweep(
     }
     if let (Some(avail), Some((size, w))) = (available_memory(), worst) {
         if w.bytes > avail / 10 * 9 {
-            // The largest size of the sweep that would fit.
-            let fits = sizes
-                .iter()
-                .rev()
-                .find(|b| {
-                    variants(a, collective).iter().all(|(d, o)| {
-                        let (count, _) = count_and_size(collective, *d, **b, n);
+            // The largest size that would fit (the estimate grows with
+            // the size).
+            let needs = |bytes: u64| {
+                variants(a, collective)
+                    .iter()
+                    .map(|(d, o)| {
+                        let (count, _) = count_and_size(collective, *d, bytes, n);
                         let call = PerfCall {
                             collective,
                             count,
                             dtype: *d,
                             op: *o,
                         };
-                        backend.estimate(&call, calls_per_cell, checked).bytes <= avail / 10 * 9
+                        backend.estimate(&call, calls_per_cell, checked).bytes
                     })
-                })
-                .map_or(String::new(), |b| format!(", or sizes up to -e {b}"));
+                    .max()
+                    .unwrap_or(0)
+            };
+            let (mut lo, mut hi) = (0u64, size);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if needs(mid) <= avail / 10 * 9 {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            let fits = match lo {
+                0 => String::new(),
+                lo if lo >= a.minbytes => format!(", or sizes up to -e {}", human_size_flag(lo)),
+                lo => format!(", or sizes up to {0} (-b {0} -e {0})", human_size_flag(lo)),
+            };
             let mut msg = format!(
                 "this run needs about {} of memory ({} B {} on {n} ranks{}), more than the {} this machine has available",
                 human_bytes(w.bytes),
@@ -355,10 +380,21 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     if backend.simulated() {
         let _ = writeln!(out, "# time is SIMULATED cluster time (virtual clock of the simulator), not wall-clock time");
     }
+    // Flags with the same reason share a line (`-g 1 -t 1: …`).
+    let mut notes: Vec<(String, String)> = Vec::new();
     for (flag, given) in a.given() {
         if let Some(why) = backend.lacks(flag) {
-            let _ = writeln!(out, "# {given}: {why}");
+            match notes.iter_mut().find(|(_, w)| *w == why) {
+                Some((g, _)) => {
+                    g.push(' ');
+                    g.push_str(&given);
+                }
+                None => notes.push((given, why)),
+            }
         }
+    }
+    for (given, why) in notes {
+        let _ = writeln!(out, "# {given}: {why}");
     }
     let _ = writeln!(out, "#");
     let _ = writeln!(out, "#{:>73}{:>31}", "out-of-place", "in-place");
@@ -402,6 +438,12 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     out.clear();
     let cycles = a.run_cycles;
     let per_cycle = plan.estimate.seconds;
+    tracing::info!(
+        seconds = per_cycle,
+        bytes = plan.estimate.bytes,
+        unchecked_bytes = plan.estimate.unchecked_bytes,
+        "estimated per cycle"
+    );
     if prints && per_cycle > 60.0 {
         eprintln!(
             "ringcc perf: this run will take about {} on this machine{}; fewer sizes (-e), iterations (-n, -w) or -c 0 make it shorter",

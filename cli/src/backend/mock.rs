@@ -24,18 +24,21 @@ use crate::topo;
 pub struct MockBackend {
     cfg: ClusterConfig,
     timing: Option<Cluster>,
-    payload: Option<Cluster>,
-    /// The check of the current size (kept for its second placement).
+    /// The payload clusters of the out-of-place and the in-place check.
+    payload: [Option<Cluster>; 2],
+    /// The check of the current size.
     generated: Option<GeneratedData>,
+    /// The in-place check's `#wrong`, run beside the out-of-place one.
+    in_place_wrong: Option<(PerfCall, u64, Result<u64, String>)>,
     salt: u64,
 }
 
 /// Measured on a 2-core machine: wall seconds the simulator takes per
 /// slice of a timing-only run, and per slice and per byte a GPU moves in a
 /// payload run (reading its input, generating and checking included).
-const TIMING_PER_SLICE: f64 = 150e-9;
-const PAYLOAD_PER_SLICE: f64 = 3e-6;
-const PAYLOAD_PER_BYTE: f64 = 2.5e-9;
+const TIMING_PER_SLICE: f64 = 65e-9;
+const PAYLOAD_PER_SLICE: f64 = 0.8e-6;
+const PAYLOAD_PER_BYTE: f64 = 0.7e-9;
 
 /// The simulator configuration the topology flags describe.
 pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
@@ -67,8 +70,9 @@ impl MockBackend {
         Ok(MockBackend {
             cfg: config(t)?,
             timing: None,
-            payload: None,
+            payload: [None, None],
             generated: None,
+            in_place_wrong: None,
             salt: 0x6e63_636c,
         })
     }
@@ -93,6 +97,22 @@ impl MockBackend {
 
 fn mock_call(c: &PerfCall) -> Call {
     Call::new(c.collective, c.count, c.dtype, c.op)
+}
+
+/// One checked payload run; its `#wrong`, or why it failed.
+fn checked_run(
+    cluster: &mut Cluster,
+    calls: &[Call],
+    data: &mut GeneratedData,
+    in_place: bool,
+) -> Result<u64, String> {
+    let report = cluster
+        .run_generated(calls, data, in_place)
+        .map_err(|e| format!("simulated run failed: {e}"))?;
+    if let Some(Err(e)) = report.ranks.iter().find(|r| r.is_err()) {
+        return Err(format!("simulated collective failed: {e}"));
+    }
+    Ok(data.wrong())
 }
 
 fn run_failed(what: &str, e: impl std::fmt::Display) -> CliError {
@@ -156,7 +176,18 @@ impl PerfBackend for MockBackend {
         Ok(total / f64::from(iters))
     }
 
+    /// Checks `call` in both placements at once, on two threads (the runs
+    /// are independent, and the check is most of a simulated perf run's
+    /// wall time); returns the out-of-place `#wrong` and keeps the
+    /// in-place one for the call that asks for it next.
     fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
+        if in_place {
+            if let Some((c, k, w)) = self.in_place_wrong.take() {
+                if c == *call && k == corrupt {
+                    return w.map_err(CliError::failed);
+                }
+            }
+        }
         let n = self.ranks();
         let mc = mock_call(call);
         if self.generated.as_ref().and_then(GeneratedData::call) != Some(mc) {
@@ -175,14 +206,26 @@ impl PerfBackend for MockBackend {
             _ => 0,
         };
         data.corrupt_output(victim, corrupt);
-        let cluster = Self::cluster(&mut self.payload, &self.cfg, true)?;
-        let report = cluster
-            .run_generated(&vec![mc; n as usize], data, in_place)
-            .map_err(|e| run_failed("run", e))?;
-        if let Some(Err(e)) = report.ranks.iter().find(|r| r.is_err()) {
-            return Err(run_failed("collective", e));
+        let calls = vec![mc; n as usize];
+        let [out_cl, in_cl] = &mut self.payload;
+        let out_cl = Self::cluster(out_cl, &self.cfg, true)?;
+        if in_place {
+            // Asked for in place alone (not after its out-of-place twin).
+            let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
+            return checked_run(in_cl, &calls, data, true).map_err(CliError::failed);
         }
-        Ok(data.wrong())
+        let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
+        let mut twin = data.share();
+        let (out_w, in_w) = std::thread::scope(|s| {
+            let t = s.spawn(|| checked_run(in_cl, &calls, &mut twin, true));
+            let out_w = checked_run(out_cl, &calls, data, false);
+            let in_w = t
+                .join()
+                .unwrap_or_else(|_| Err("the in-place check panicked".into()));
+            (out_w, in_w)
+        });
+        self.in_place_wrong = Some((*call, corrupt, in_w));
+        out_w.map_err(CliError::failed)
     }
 
     fn deterministic(&self) -> bool {
@@ -245,15 +288,25 @@ impl PerfBackend for MockBackend {
         let moved = (input as u64)
             .saturating_add(output as u64)
             .saturating_mul(u64::from(n)) as f64;
-        let reference = GeneratedData::bytes_needed(&mc, n);
-        // FIFO space a lane touches: its slots, as far as its share of
-        // the data fills them; RDMA hops also have a staging FIFO.
-        let share = (input.max(output) as u64 / u64::from(c.channels).max(1)).saturating_mul(2);
-        let fifo = c.geometry.fifo_bytes().min(share.saturating_add(4096 * 8));
-        let fifos = lanes.saturating_mul(fifo).saturating_mul(2);
+        // Both placements run at once, sharing the reference.
+        let check = GeneratedData::reference_bytes(&mc, n)
+            .saturating_add(GeneratedData::run_bytes(&mc, n).saturating_mul(2));
+        // FIFO space a lane touches: every slice position of its FIFO, as
+        // far as the call's slices fill it (fresh zero pages cost nothing
+        // until written); RDMA hops also have a staging FIFO.
+        let g = &c.geometry;
+        let positions = (g.fifo_bytes() / g.slice_bytes().max(1)).max(1);
+        let buffer = input.max(output) as u64;
+        let step = c
+            .chunk_bytes
+            .min(buffer.div_ceil(u64::from(c.channels).max(1) * u64::from(n)));
+        let slice = g.slice_bytes().min(step).div_ceil(4096) * 4096;
+        let fifo = g.fifo_bytes().min(positions.saturating_mul(slice));
+        let fifos = lanes.saturating_mul(fifo).saturating_mul(2 * 2);
         Estimate {
-            bytes: base.saturating_add(reference).saturating_add(fifos),
-            seconds: 2.0 * (timing + slices * PAYLOAD_PER_SLICE + moved * PAYLOAD_PER_BYTE),
+            bytes: base.saturating_add(check).saturating_add(fifos),
+            // Two placements on two cores: a little more than one.
+            seconds: 2.0 * timing + 1.3 * (slices * PAYLOAD_PER_SLICE + moved * PAYLOAD_PER_BYTE),
             unchecked_bytes: base,
         }
     }
