@@ -39,7 +39,7 @@ impl Progress {
             ProgressDrawTarget::hidden(),
         );
         let style = ProgressStyle::with_template(
-            "[ringcc perf] {msg} {bar:24} {percent:>3}% {elapsed}/~{duration}",
+            "[ringcc perf] {wide_msg} {bar:16} {percent:>3}% {elapsed}/~{duration}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
