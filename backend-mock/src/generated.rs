@@ -204,7 +204,7 @@ impl GeneratedData {
     pub fn share(&self) -> GeneratedData {
         GeneratedData {
             call: self.call,
-            plan: self.plan.clone(),
+            plan: self.plan,
             ranks: self.ranks,
             salt: self.salt,
             reference: Arc::clone(&self.reference),
