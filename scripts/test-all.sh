@@ -6,6 +6,8 @@
 #   3. lints                 cargo clippy -D warnings; the API docs build
 #                            without warnings (broken links fail)
 #   4. unit + property tests cargo test --release (workspace)
+#      CLI benchmark         the README's main command: wall time, memory
+#                            (a report, never a failure on a number)
 #   5. loom models           the slot FIFO under every interleaving
 #   6. no_std check          a freestanding binary links the core; defmt builds
 #   7. fuzzing               every wire-format fuzz target, briefly
@@ -84,6 +86,10 @@ cargo test --locked --workspace --release
 # rendezvous and log output on a machine without an RDMA device; the same
 # binary then runs in the Soft-RoCE VM of stage 8).
 cargo test --locked -p ringcc --release --features verbs --test cli
+done_stage
+
+stage "4b. CLI benchmark (report only)"
+scripts/bench-cli.sh
 done_stage
 
 stage "5. loom models"
