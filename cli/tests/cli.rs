@@ -1,32 +1,10 @@
 //! The `ringcc` binary, run as a user runs it.
 
-use std::process::{Command, Output};
+mod common;
+
+use common::{ringcc, rows, stderr, stdout};
 
 use ringcc_core::wire::roce::RocePacketRepr;
-
-fn ringcc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ringcc"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("run ringcc")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The data rows of a perf table: the whitespace-separated fields.
-fn rows(text: &str) -> Vec<Vec<String>> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.split_whitespace().map(str::to_owned).collect())
-        .collect()
-}
 
 fn close(a: f64, b: f64, tol: f64) -> bool {
     (a - b).abs() <= tol * a.abs().max(b.abs()).max(1e-9) || (a - b).abs() < 0.011
@@ -389,7 +367,7 @@ fn verbs_rank_without_its_peer_fails_with_the_backends_log_on_stderr() {
         .expect("a free port")
         .port();
     let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringcc"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringcc"))
         .args([
             "perf",
             "allreduce",

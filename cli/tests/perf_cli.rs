@@ -2,33 +2,12 @@
 //! flag set, the check at the speed of the data, bounded memory, clear
 //! refusals instead of aborts, progress only on a terminal.
 
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{ringcc, rows, run, stderr, stdout};
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn ringcc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ringcc"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run ringcc")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The data rows of a perf table: the whitespace-separated fields.
-fn rows(text: &str) -> Vec<Vec<String>> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.split_whitespace().map(str::to_owned).collect())
-        .collect()
-}
 
 /// A usage error: exit 2, one clear line, no panic, no abort.
 fn refused(args: &[&str], want: &str) -> String {
@@ -93,20 +72,7 @@ fn a_run_beyond_the_machines_memory_is_refused_with_what_it_needs() {
     assert!(err.contains("-c 0"), "{err}");
     assert!(err.contains("available"), "{err}");
     // What it suggests runs: the timing table alone, at 100G.
-    let o = ringcc(&[
-        "perf",
-        "allreduce",
-        "-b",
-        "100G",
-        "-e",
-        "100G",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "-c",
-        "0",
-    ]);
+    let o = run("perf allreduce -b 100G -e 100G -n 1 -w 0 -c 0");
     assert!(o.status.success(), "{}", stderr(&o));
     let r = &rows(&stdout(&o))[0];
     assert_eq!((r[0].as_str(), r[8].as_str()), ("107374182400", "N/A"));
@@ -116,18 +82,7 @@ fn a_run_beyond_the_machines_memory_is_refused_with_what_it_needs() {
 fn nccl_tests_readme_command_lines_run_as_written() {
     // all_reduce_perf -b 8 -e 128M -f 2 -g 1, with the check: the README's
     // first job on one node.
-    let o = ringcc(&[
-        "perf",
-        "allreduce",
-        "-b",
-        "8",
-        "-e",
-        "128M",
-        "-f",
-        "2",
-        "-g",
-        "1",
-    ]);
+    let o = run("perf allreduce -b 8 -e 128M -f 2 -g 1");
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
     let rows = rows(&out);
@@ -136,22 +91,7 @@ fn nccl_tests_readme_command_lines_run_as_written() {
     assert!(out.contains("# -g 1: "), "{out}");
     assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
     // all_reduce_perf -b 8 -e 128M -f 2 -g 8 (its quick example), briefly.
-    let o = ringcc(&[
-        "perf",
-        "allreduce",
-        "-b",
-        "8",
-        "-e",
-        "1M",
-        "-f",
-        "2",
-        "-g",
-        "8",
-        "-n",
-        "1",
-        "-w",
-        "0",
-    ]);
+    let o = run("perf allreduce -b 8 -e 1M -f 2 -g 8 -n 1 -w 0");
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
@@ -229,16 +169,7 @@ fn every_nccl_tests_flag_is_accepted_and_said_once_in_the_header() {
     assert_eq!(doc["agg_iters"], 2);
     let _ = std::fs::remove_dir_all(&dir);
     // Not given, not said.
-    let o = ringcc(&[
-        "perf",
-        "allreduce",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-        "--gpus-per-node",
-        "2",
-    ]);
+    let o = run("perf allreduce -b 1K -e 1K --gpus-per-node 2");
     assert!(
         !stdout(&o).lines().any(|l| l.starts_with("# -")),
         "{}",
@@ -248,24 +179,7 @@ fn every_nccl_tests_flag_is_accepted_and_said_once_in_the_header() {
 
 #[test]
 fn every_type_and_every_op() {
-    let o = ringcc(&[
-        "perf",
-        "allreduce",
-        "-b",
-        "4K",
-        "-e",
-        "4K",
-        "-d",
-        "all",
-        "-o",
-        "all",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--gpus-per-node",
-        "3",
-    ]);
+    let o = run("perf allreduce -b 4K -e 4K -d all -o all -n 1 -w 0 --gpus-per-node 3");
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
     let rows = rows(&out);
@@ -281,20 +195,7 @@ fn every_type_and_every_op() {
     );
     assert!(rows.iter().all(|r| r[8] == "0" && r[12] == "0"), "{out}");
     // A collective that does not reduce runs each type once.
-    let o = ringcc(&[
-        "perf",
-        "broadcast",
-        "-b",
-        "4K",
-        "-e",
-        "4K",
-        "-d",
-        "all",
-        "-o",
-        "all",
-        "--gpus-per-node",
-        "3",
-    ]);
+    let o = run("perf broadcast -b 4K -e 4K -d all -o all --gpus-per-node 3");
     let rows = self::rows(&stdout(&o));
     assert_eq!(rows.len(), 10);
     assert!(rows.iter().all(|r| r[3] == "none"));
@@ -332,20 +233,7 @@ fn aggregated_calls_report_the_time_per_call() {
 fn the_timeout_ends_an_endless_run() {
     // -N 0 repeats the sweep until interrupted; -T 1 interrupts it.
     let t = Instant::now();
-    let o = ringcc(&[
-        "perf",
-        "broadcast",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-        "--gpus-per-node",
-        "2",
-        "-N",
-        "0",
-        "-T",
-        "1",
-    ]);
+    let o = run("perf broadcast -b 1K -e 1K --gpus-per-node 2 -N 0 -T 1");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("-T 1"), "{}", stderr(&o));
     assert!(rows(&stdout(&o)).len() > 1);

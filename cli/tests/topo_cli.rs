@@ -1,32 +1,17 @@
 //! The topology flags every subcommand shares, a closed stdout, and link
 //! rates the simulator cannot time: the `ringcc` binary as a user runs it.
 
+mod common;
+
+use common::{ringcc, stderr, stdout};
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-fn ringcc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ringcc"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run ringcc")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A fresh scratch directory for one test.
+/// A fresh scratch folder for one test.
 fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringcc-topo-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+    common::scratch("topo", test)
 }
 
 /// A small, fast perf run, with `extra` flags.

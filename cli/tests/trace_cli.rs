@@ -3,34 +3,18 @@
 //! timeline and capture, errors name each rank once, and the summary
 //! counts what the capture holds.
 
+mod common;
+
+use common::{ringcc, stderr, stdout};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use ringcc_core::wire::roce::{Opcode, RocePacketRepr, Syndrome};
 
-fn ringcc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ringcc"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run ringcc")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A fresh directory of this test's own.
+/// A fresh scratch folder for one test.
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringcc-trace-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("trace-cli", name)
 }
 
 fn s(p: &Path) -> &str {

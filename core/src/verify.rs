@@ -370,6 +370,21 @@ fn reduce_blocks(
     }
 }
 
+/// Checks that a buffer of `bytes` holds exactly `elems` elements of
+/// `plan`'s type.
+fn sized(plan: &Plan, elems: u64, bytes: usize) -> Result<(), Error> {
+    let want = usize::try_from(elems)
+        .ok()
+        .and_then(|n| n.checked_mul(usize::from(plan.dtype().size())));
+    if want != Some(bytes) {
+        return Err(Error::BadLength {
+            dst: bytes,
+            src: want.unwrap_or(usize::MAX),
+        });
+    }
+    Ok(())
+}
+
 /// Fills rank `rank`'s input buffer for `plan` (`plan.input_len()`
 /// elements).
 pub fn fill_input(
@@ -379,16 +394,7 @@ pub fn fill_input(
     salt: u64,
     input: &mut [u8],
 ) -> Result<(), Error> {
-    let size = usize::from(plan.dtype().size());
-    let want = usize::try_from(plan.input_len())
-        .ok()
-        .and_then(|n| n.checked_mul(size));
-    if want != Some(input.len()) {
-        return Err(Error::BadLength {
-            dst: input.len(),
-            src: want.unwrap_or(usize::MAX),
-        });
-    }
+    sized(plan, plan.input_len(), input.len())?;
     fill_values(plan.dtype(), op, plan.ranks(), rank, 0, salt, input)
 }
 
@@ -476,15 +482,7 @@ pub fn count_wrong(
     output: &[u8],
 ) -> Result<u64, Error> {
     let size = usize::from(plan.dtype().size());
-    let want = usize::try_from(plan.output_len())
-        .ok()
-        .and_then(|n| n.checked_mul(size));
-    if want != Some(output.len()) {
-        return Err(Error::BadLength {
-            dst: output.len(),
-            src: want.unwrap_or(usize::MAX),
-        });
-    }
+    sized(plan, plan.output_len(), output.len())?;
     let mut wrong = 0u64;
     let mut first = 0u64;
     let mut buf = [0u8; BLOCK * MAX_ELEM];
