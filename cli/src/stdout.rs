@@ -16,7 +16,7 @@ pub fn print(text: &str) -> Result<(), CliError> {
         .map_err(write_failed)
 }
 
-/// [`print`] with a newline.
+/// [`print()`] with a newline.
 pub fn println(line: &str) -> Result<(), CliError> {
     let mut out = io::stdout().lock();
     out.write_all(line.as_bytes())
