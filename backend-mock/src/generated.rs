@@ -185,7 +185,21 @@ impl GeneratedData {
                 .ok_or_else(|| Error::Config {
                     what: format!("a reference of {n} elements does not fit this machine"),
                 })?;
-            reference = vec![0u8; bytes];
+            // A reference larger than the machine's memory is an error
+            // to report, not an allocation abort.
+            reference
+                .try_reserve_exact(bytes)
+                .map_err(|_| Error::Config {
+                    what: format!(
+                        "cannot allocate the check's reference: {bytes} bytes (one rank's {})",
+                        if matches!(call.collective, Collective::ReduceScatter) {
+                            "input"
+                        } else {
+                            "output"
+                        }
+                    ),
+                })?;
+            reference.resize(bytes, 0);
             fill_reduced_parallel(&call, ranks, salt, &mut reference).map_err(invalid)?;
         }
         Ok(GeneratedData {

@@ -338,8 +338,8 @@ pub struct ExplainArgs {
 pub struct TraceArgs {
     /// The collective.
     pub collective: CollArg,
-    /// Size in bytes (K/M/G suffixes).
-    #[arg(short = 'b', long = "bytes", value_parser = parse_size, default_value = "1M")]
+    /// Size in bytes (K/M/G/T suffixes; at most 1T).
+    #[arg(short = 'b', long = "bytes", value_parser = parse_perf_size, default_value = "1M")]
     pub bytes: u64,
     /// Reduction operation.
     #[arg(short = 'o', long = "op", value_parser = parse_op, default_value = "sum")]
@@ -376,7 +376,7 @@ pub fn parse_perf_size(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
     if v > MAX_BYTES {
         return Err(format!(
-            "size '{s}' is larger than the 1T (1099511627776 bytes) ringcc perf accepts"
+            "size '{s}' is larger than the 1T (1099511627776 bytes) ringcc accepts"
         ));
     }
     Ok(v)

@@ -197,7 +197,7 @@ pub fn human_secs(s: f64) -> String {
 
 /// The memory this process may use: the kernel's estimate of what can be
 /// allocated without swapping (`MemAvailable`), or `None` where unknown.
-fn available_memory() -> Option<u64> {
+pub fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -15,7 +15,7 @@ use ringcc_mock::{Call, Cluster, ClusterConfig, GeneratedData, RunReport};
 use crate::args::TraceArgs;
 use crate::backend::mock::config;
 use crate::error::CliError;
-use crate::perf::count_and_size;
+use crate::perf::{available_memory, count_and_size, human_bytes};
 use crate::stdout;
 
 /// Salt of the inputs `verify` fills and checks.
@@ -158,7 +158,25 @@ pub fn trace(a: &TraceArgs) -> Result<(), CliError> {
     let call = Call::new(collective, count, a.dtype, a.op);
     // Inputs generated where they are read, outputs checked where they
     // are written: the check at the speed of the data, in the memory of
-    // one rank's output (as `perf`'s).
+    // one rank's output (as `perf`'s), and refused up front where even
+    // that is more than the machine has.
+    // The capture keeps every frame: about the bytes that cross the
+    // nodes' NICs, twice the size per node for a ring AllReduce.
+    let frames = if a.pcap.is_some() && cfg.nodes > 1 {
+        size.saturating_mul(2).saturating_mul(u64::from(cfg.nodes))
+    } else {
+        0
+    };
+    let need = GeneratedData::bytes_needed(&call, n).saturating_add(frames);
+    if let Some(avail) = available_memory() {
+        if need > avail / 10 * 9 {
+            return Err(CliError::usage(format!(
+                "checking {size} B {collective} on {n} ranks needs about {} of memory, more than the {} this machine has available: trace a smaller size (-b)",
+                human_bytes(need),
+                human_bytes(avail)
+            )));
+        }
+    }
     let mut data = GeneratedData::new(call, n, SALT).map_err(|e| CliError::usage(e.to_string()))?;
     let (chrome, pcap) = open_outputs(a)?;
     let run = cluster.run_generated(&vec![call; n as usize], &mut data, false);

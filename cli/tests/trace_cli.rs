@@ -232,3 +232,32 @@ fn the_summary_counts_the_acks_the_capture_holds() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_trace_past_the_machines_memory_is_refused_before_any_file_is_made() {
+    // Today: a 1 TiB buffer per rank, allocated, and an abort (rc 134).
+    let dir = scratch("too-big");
+    let pcap = dir.join("t.pcap");
+    let o = ringcc(&[
+        "trace",
+        "allreduce",
+        "-b",
+        "1T",
+        "--pcap",
+        pcap.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("of memory") && err.contains("-b"), "{err}");
+    assert!(!pcap.exists());
+    let o = ringcc(&[
+        "trace",
+        "allreduce",
+        "-b",
+        "2T",
+        "--pcap",
+        pcap.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1T"), "{}", stderr(&o));
+}

@@ -11,7 +11,7 @@ use ringcc_verbs::{Call, Communicator, Config};
 
 use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
-use crate::perf::{PerfBackend, PerfCall};
+use crate::perf::{Estimate, PerfBackend, PerfCall};
 
 /// RDMA verbs as a `perf` backend.
 pub struct VerbsBackend {
@@ -104,11 +104,21 @@ impl VerbsBackend {
         )
         .map_err(CliError::core)?;
         let e = usize::from(c.dtype.size());
-        Ok((
-            plan,
-            vec![0u8; plan.input_len() as usize * e],
-            vec![0u8; plan.output_len() as usize * e],
-        ))
+        let alloc = |elems: u64| -> Result<Vec<u8>, CliError> {
+            let bytes = usize::try_from(elems)
+                .ok()
+                .and_then(|n| n.checked_mul(e))
+                .ok_or_else(|| CliError::usage("buffer size overflows this machine's addresses"))?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(bytes).map_err(|_| {
+                CliError::failed(format!(
+                    "cannot allocate a {bytes}-byte buffer on this host"
+                ))
+            })?;
+            v.resize(bytes, 0);
+            Ok(v)
+        };
+        Ok((plan, alloc(plan.input_len())?, alloc(plan.output_len())?))
     }
 }
 
@@ -138,6 +148,24 @@ impl PerfBackend for VerbsBackend {
 
     fn prints(&self) -> bool {
         self.comm.rank() == 0
+    }
+
+    fn estimate(&self, c: &PerfCall, _calls: u64, _checked: bool) -> Estimate {
+        // This rank's host buffers, input and output (the timed calls and
+        // the check each hold one pair, one after the other).
+        let n = u64::from(self.comm.world_size());
+        let one = c.count.saturating_mul(u64::from(c.dtype.size()));
+        let (input, output) = match c.collective {
+            Collective::ReduceScatter => (one.saturating_mul(n), one),
+            Collective::AllGather => (one, one.saturating_mul(n)),
+            _ => (one, one),
+        };
+        let bytes = input.saturating_add(output);
+        Estimate {
+            bytes,
+            seconds: 0.0,
+            unchecked_bytes: bytes,
+        }
     }
 
     fn lacks(&self, flag: NcclFlag) -> Option<String> {
