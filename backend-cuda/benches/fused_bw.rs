@@ -11,11 +11,11 @@ use std::io::Write;
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
-use ringcc_core::{Collective, DataType, Primitive, ReduceOp};
+use ringcc_core::{DataType, Primitive, ReduceOp};
 use ringcc_cuda::fused::FusedModule;
 use ringcc_cuda::kernel::ModuleKey;
 use ringcc_cuda::perf::{run, PerfCase};
-use ringcc_cuda::{driver, Comm, Config, Error};
+use ringcc_cuda::{driver, Call, Comm, Config, Error};
 
 const WARMUP: usize = 3;
 const ITERS: usize = 20;
@@ -178,10 +178,7 @@ fn collectives(out: &mut Out) -> Result<(), Error> {
     for n in [2usize, 4, 8] {
         let mut comm = Comm::init_all(&vec![0; n], Config::default())?;
         let case = PerfCase {
-            collective: Collective::AllReduce,
-            count: 16 << 20,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
+            call: Call::all_reduce(16 << 20, DataType::F32, ReduceOp::Sum),
             in_place: false,
             warmup: 2,
             iters: 5,

@@ -1,6 +1,7 @@
 //! A group of per-rank calls that together make one collective (NCCL's
 //! `ncclGroupStart` … `ncclGroupEnd` around one call per rank).
 
+use crate::state::CallBuffers;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
@@ -10,7 +11,7 @@ use crate::comm::Comm;
 use crate::dtype::CollType;
 use crate::error::{Error, Result};
 use crate::layout::StreamId;
-use crate::state::CallSpec;
+use crate::state::Call;
 
 /// A device buffer a call reads.
 trait SendBuf {
@@ -59,7 +60,7 @@ enum Bufs<'a> {
 }
 
 struct Pending<'a> {
-    spec: CallSpec,
+    spec: Call,
     bufs: Bufs<'a>,
 }
 
@@ -165,7 +166,7 @@ impl<'a> Group<'a> {
         count: u64,
         op: ReduceOp,
     ) -> Result<()> {
-        let spec = CallSpec {
+        let spec = Call {
             collective,
             count,
             dtype: T::DTYPE,
@@ -179,7 +180,7 @@ impl<'a> Group<'a> {
     pub fn raw(
         &mut self,
         rank: Rank,
-        spec: CallSpec,
+        spec: Call,
         send: &'a CudaSlice<u8>,
         recv: &'a mut CudaSlice<u8>,
     ) -> Result<()> {
@@ -190,13 +191,13 @@ impl<'a> Group<'a> {
     pub fn raw_in_place(
         &mut self,
         rank: Rank,
-        spec: CallSpec,
+        spec: Call,
         buf: &'a mut CudaSlice<u8>,
     ) -> Result<()> {
         self.add(rank, spec, Bufs::InPlace(buf))
     }
 
-    fn add(&mut self, rank: Rank, spec: CallSpec, bufs: Bufs<'a>) -> Result<()> {
+    fn add(&mut self, rank: Rank, spec: Call, bufs: Bufs<'a>) -> Result<()> {
         self.comm.check_rank(rank)?;
         let n = self.comm.ranks();
         let config = *self.comm.config();
@@ -267,7 +268,7 @@ impl<'a> Group<'a> {
         let streams: Vec<Arc<CudaStream>> = (0..n)
             .map(|r| comm.engine.stream(StreamId::User(Rank(r))).cloned())
             .collect::<Result<_>>()?;
-        let specs: Vec<CallSpec> = pending.iter().map(|p| p.spec).collect();
+        let specs: Vec<Call> = pending.iter().map(|p| p.spec).collect();
         // The guards record the buffers' cudarc read/write events on the
         // user streams when dropped: after the collective is joined back
         // into those streams.
@@ -302,8 +303,8 @@ impl<'a> Group<'a> {
     }
 }
 
-fn spec<T: CollType>(collective: Collective, len: usize, op: ReduceOp) -> CallSpec {
-    CallSpec {
+fn spec<T: CollType>(collective: Collective, len: usize, op: ReduceOp) -> Call {
+    Call {
         collective,
         count: len as u64,
         dtype: T::DTYPE,

@@ -1,21 +1,22 @@
 //! A communicator over the host [`FakeDevice`]: the CUDA communicator's
 //! logic, end to end, on any machine.
 
+use crate::state::CallBuffers;
 use ringcc_core::Rank;
 
 use crate::config::Config;
 use crate::engine::fake::FakeDevice;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::state::{CallSpec, CommState};
+use crate::state::{Call, CommState};
 
 /// One rank's call with its data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostCall {
     /// The call.
-    pub spec: CallSpec,
+    pub spec: Call,
     /// The rank's input bytes (for an in-place call: the whole buffer, as
-    /// [`CallSpec::in_place`] lays it out).
+    /// [`Call::in_place`] lays it out).
     pub input: Vec<u8>,
     /// Run in place.
     pub in_place: bool,
@@ -91,7 +92,7 @@ impl HostComm {
                 );
             }
         }
-        let specs: Vec<CallSpec> = calls.iter().map(|c| c.spec).collect();
+        let specs: Vec<Call> = calls.iter().map(|c| c.spec).collect();
         self.state.run(&mut self.device, &specs)?;
         if let Err(e) = self.device.synchronize() {
             self.state.poison();

@@ -65,6 +65,6 @@ pub use dtype::CollType;
 pub use error::{Error, Result};
 pub use group::Group;
 pub use host::{HostCall, HostComm};
-pub use state::CallSpec;
+pub use state::{Call, CallBuffers};
 
 pub use ringcc_core::{Collective, DataType, Rank, ReduceOp};

@@ -2,27 +2,22 @@
 //! several iterations, then checked against the host reference
 //! (nccl-tests' `time algbw busbw #wrong`).
 
+use crate::state::CallBuffers;
 use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
-use ringcc_core::{Collective, DataType, Rank, ReduceOp};
+use ringcc_core::{Rank, ReduceOp};
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::reference::{expected, pattern, wrong};
-use crate::state::CallSpec;
+use crate::state::Call;
 
 /// One measurement to make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PerfCase {
-    /// The collective (and root).
-    pub collective: Collective,
-    /// Elements, as nccl-tests counts them.
-    pub count: u64,
-    /// Element type.
-    pub dtype: DataType,
-    /// Operation.
-    pub op: ReduceOp,
+    /// The call (count as nccl-tests counts it).
+    pub call: Call,
     /// In place (one buffer per rank) or out of place.
     pub in_place: bool,
     /// Untimed iterations first.
@@ -53,7 +48,7 @@ struct Buffers {
     inputs: Vec<Vec<u8>>,
 }
 
-fn alloc(comm: &Comm, case: &PerfCase, spec: &CallSpec) -> Result<Buffers> {
+fn alloc(comm: &Comm, case: &PerfCase, spec: &Call) -> Result<Buffers> {
     let n = comm.ranks();
     let config = *comm.config();
     let (ib, ob) = spec.bytes(n, &config)?;
@@ -91,7 +86,7 @@ fn alloc(comm: &Comm, case: &PerfCase, spec: &CallSpec) -> Result<Buffers> {
     Ok(b)
 }
 
-fn launch(comm: &mut Comm, case: &PerfCase, spec: CallSpec, b: &mut Buffers) -> Result<()> {
+fn launch(comm: &mut Comm, case: &PerfCase, spec: Call, b: &mut Buffers) -> Result<()> {
     let mut g = comm.group();
     if case.in_place {
         for (r, buf) in b.recv.iter_mut().enumerate() {
@@ -135,13 +130,8 @@ pub fn verify(comm: &mut Comm, case: &PerfCase) -> Result<u64> {
     Ok(bad)
 }
 
-fn spec_of(case: &PerfCase) -> CallSpec {
-    CallSpec {
-        collective: case.collective,
-        count: case.count,
-        dtype: case.dtype,
-        op: case.op,
-    }
+fn spec_of(case: &PerfCase) -> Call {
+    case.call
 }
 
 /// Runs `case` on `comm`: warm-up, timed iterations (host clock around

@@ -10,7 +10,7 @@ use ringcc_core::reduce::{finalize, reduce_in_place};
 use ringcc_core::{Collective, DataType, ReduceOp};
 
 use crate::error::{Error, Result};
-use crate::state::CallSpec;
+use crate::state::Call;
 
 fn splitmix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -65,7 +65,7 @@ fn reduce_all(dtype: DataType, op: ReduceOp, inputs: &[&[u8]]) -> Result<Vec<u8>
 /// The expected output of every rank (`None` where the collective leaves
 /// the output unspecified: Reduce's non-roots). `inputs[r]` is rank `r`'s
 /// input of exactly the call's input size.
-pub fn expected(spec: &CallSpec, inputs: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+pub fn expected(spec: &Call, inputs: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
     let n = inputs.len();
     let block = (spec.count * u64::from(spec.dtype.size())) as usize;
     let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
@@ -133,7 +133,7 @@ mod tests {
         let inputs: Vec<Vec<u8>> = (0..3)
             .map(|r| pattern(DataType::I32, ReduceOp::Sum, 12, r))
             .collect();
-        let spec = |collective| CallSpec {
+        let spec = |collective| Call {
             collective,
             count: 4,
             dtype: DataType::I32,

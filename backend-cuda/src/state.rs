@@ -2,7 +2,7 @@
 //! layout, every connection's counters, the call sequence number, and
 //! whether a failed call poisoned it.
 
-use ringcc_core::{CallDesc, Collective, DataType, LinkState, Plan, ReduceOp};
+use ringcc_core::{CallDesc, Collective, LinkState, Plan};
 
 use crate::config::Config;
 use crate::engine::Engine;
@@ -10,19 +10,7 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::progress;
 
-/// One rank's part of a collective call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallSpec {
-    /// The collective (and root).
-    pub collective: Collective,
-    /// Elements, as NCCL counts them (per block for ReduceScatter and
-    /// AllGather).
-    pub count: u64,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction operation.
-    pub op: ReduceOp,
-}
+pub use ringcc_core::Call;
 
 /// Byte ranges of a rank's buffers inside one allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,33 +23,33 @@ pub struct BufferPlan {
     pub total: u64,
 }
 
-impl CallSpec {
+/// A call's buffers under this backend's [`Config`].
+pub trait CallBuffers {
     /// The plan of this call on `ranks` ranks with `config`.
-    pub fn plan(&self, ranks: u32, config: &Config) -> Result<Plan> {
-        Plan::new(
-            self.collective,
-            self.count,
-            self.dtype,
-            ranks,
-            u32::from(config.channels),
-            config.chunk_bytes,
-        )
-        .map_err(Error::core("Plan::new"))
+    fn plan_with(&self, ranks: u32, config: &Config) -> Result<Plan>;
+    /// Input and output sizes in bytes, `(input, output)`.
+    fn bytes(&self, ranks: u32, config: &Config) -> Result<(u64, u64)>;
+    /// Where rank `rank`'s input and output sit in one buffer when the
+    /// call is in place.
+    fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan>;
+}
+
+impl CallBuffers for Call {
+    fn plan_with(&self, ranks: u32, config: &Config) -> Result<Plan> {
+        self.plan(ranks, u32::from(config.channels), config.chunk_bytes)
+            .map_err(Error::core("Plan::new"))
     }
 
-    /// Input and output sizes in bytes, `(input, output)`.
-    pub fn bytes(&self, ranks: u32, config: &Config) -> Result<(u64, u64)> {
-        let plan = self.plan(ranks, config)?;
+    fn bytes(&self, ranks: u32, config: &Config) -> Result<(u64, u64)> {
+        let plan = self.plan_with(ranks, config)?;
         let e = u64::from(self.dtype.size());
         Ok((plan.input_len() * e, plan.output_len() * e))
     }
 
-    /// Where rank `rank`'s input and output sit in one buffer when the
-    /// call is in place, as NCCL defines it: the same buffer for
-    /// AllReduce, Broadcast and Reduce; the output is block `rank` of the
-    /// input for ReduceScatter; the input is block `rank` of the output for
-    /// AllGather.
-    pub fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan> {
+    /// As NCCL defines it: the same buffer for AllReduce, Broadcast and
+    /// Reduce; the output is block `rank` of the input for ReduceScatter;
+    /// the input is block `rank` of the output for AllGather.
+    fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan> {
         let (ib, ob) = self.bytes(ranks, config)?;
         let block = self.count * u64::from(self.dtype.size());
         let at = block * u64::from(rank);
@@ -133,12 +121,9 @@ impl CommState {
 
     /// Enqueues one call (`specs[r]` from rank `r`) on `engine`. A failure
     /// poisons the communicator.
-    pub fn run<E: Engine>(&mut self, engine: &mut E, specs: &[CallSpec]) -> Result<()> {
+    pub fn run<E: Engine>(&mut self, engine: &mut E, specs: &[Call]) -> Result<()> {
         self.check_live()?;
-        let calls: Vec<CallDesc> = specs
-            .iter()
-            .map(|s| CallDesc::new(self.seq, s.collective, s.count, s.dtype, s.op))
-            .collect();
+        let calls: Vec<CallDesc> = specs.iter().map(|s| s.desc(self.seq)).collect();
         let r = progress::run_call(
             engine,
             &self.layout,

@@ -10,10 +10,11 @@ use ringcc_cuda::engine::{Engine, SliceOp, SlotUse};
 use ringcc_cuda::kernel::{KernelKey, ModuleKey};
 use ringcc_cuda::layout::{BufId, Layout, MemRef, StreamId};
 use ringcc_cuda::reference::{expected, pattern};
-use ringcc_cuda::{CallSpec, Config, Error, HostCall, HostComm};
+use ringcc_cuda::CallBuffers;
+use ringcc_cuda::{Call, Config, Error, HostCall, HostComm};
 
 fn inputs_for(
-    spec: &CallSpec,
+    spec: &Call,
     n: u32,
     config: &Config,
     in_place: bool,
@@ -44,7 +45,7 @@ fn inputs_for(
 
 fn check(
     comm: &mut HostComm,
-    spec: CallSpec,
+    spec: Call,
     config: &Config,
     in_place: bool,
 ) -> Result<(), TestCaseError> {
@@ -95,7 +96,7 @@ proptest! {
         let config = Config::small(64, channels).unwrap();
         let devices: Vec<usize> = (0..ranks).map(|r| ((devices_seed >> (2 * r)) & 3) as usize).collect();
         let mut comm = HostComm::new(devices, config, move |_, _| peer, seed, eagerness).unwrap();
-        let spec = CallSpec { collective: collective(kind, root_pick % ranks), count, dtype, op };
+        let spec = Call { collective: collective(kind, root_pick % ranks), count, dtype, op };
         check(&mut comm, spec, &config, in_place)?;
     }
 
@@ -112,7 +113,7 @@ proptest! {
         let devices: Vec<usize> = (0..ranks).map(|r| (r % 2) as usize).collect();
         let mut comm = HostComm::new(devices, config, |_, _| false, seed, 3).unwrap();
         for (i, &k) in kinds.iter().enumerate() {
-            let spec = CallSpec {
+            let spec = Call {
                 collective: collective(k, i as u32 % ranks),
                 count: counts[i % counts.len()],
                 dtype: DataType::F32,
@@ -128,7 +129,7 @@ fn nccl_sized_fifo_large_buffer() {
     // The default geometry (512 KiB slots) over a buffer of several loops.
     let config = Config::default();
     let mut comm = HostComm::new(vec![0, 0, 1, 1], config, |_, _| true, 1, 4).unwrap();
-    let spec = CallSpec {
+    let spec = Call {
         collective: Collective::AllReduce,
         count: 3 << 20,
         dtype: DataType::Bf16,
@@ -141,7 +142,7 @@ fn nccl_sized_fifo_large_buffer() {
 fn mismatched_calls_fail_and_poison_the_communicator() {
     let config = Config::small(64, 2).unwrap();
     let mut comm = HostComm::new(vec![0, 0, 0], config, |_, _| true, 3, 2).unwrap();
-    let spec = CallSpec {
+    let spec = Call {
         collective: Collective::AllReduce,
         count: 100,
         dtype: DataType::I32,
@@ -164,7 +165,7 @@ fn mismatched_calls_fail_and_poison_the_communicator() {
 fn short_buffers_are_rejected_before_anything_runs() {
     let config = Config::small(64, 1).unwrap();
     let mut comm = HostComm::new(vec![0, 0], config, |_, _| true, 3, 2).unwrap();
-    let spec = CallSpec {
+    let spec = Call {
         collective: Collective::ReduceScatter,
         count: 10,
         dtype: DataType::F64,

@@ -7,7 +7,7 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 use ringcc_core::{Collective, DataType, Rank, ReduceOp};
 use ringcc_cuda::perf::{verify, PerfCase};
-use ringcc_cuda::{driver, Comm, Config, Error};
+use ringcc_cuda::{driver, Call, Comm, Config, Error};
 
 fn case(
     collective: Collective,
@@ -17,10 +17,7 @@ fn case(
     in_place: bool,
 ) -> PerfCase {
     PerfCase {
-        collective,
-        count,
-        dtype,
-        op,
+        call: Call::new(collective, count, dtype, op),
         in_place,
         warmup: 0,
         iters: 1,

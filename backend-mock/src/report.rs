@@ -1,52 +1,11 @@
 //! What a run takes (calls, buffers) and gives back (reports, statistics).
 
-use ringcc_core::{Collective, DataType, ReduceOp};
+use ringcc_core::Collective;
 
 use crate::error::Error;
 use crate::fabric::LinkKind;
 
-/// One rank's collective call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Call {
-    /// The collective (and its root).
-    pub collective: Collective,
-    /// Element count (per block for ReduceScatter and AllGather, as NCCL).
-    pub count: u64,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction (ignored by AllGather and Broadcast).
-    pub op: ReduceOp,
-}
-
-impl Call {
-    /// A call.
-    pub const fn new(collective: Collective, count: u64, dtype: DataType, op: ReduceOp) -> Call {
-        Call {
-            collective,
-            count,
-            dtype,
-            op,
-        }
-    }
-
-    /// Bytes of one element.
-    pub fn elem(&self) -> usize {
-        usize::from(self.dtype.size())
-    }
-
-    /// Bytes of the input and the output buffers (out of place), NCCL's
-    /// layout: ReduceScatter's input and AllGather's output hold `ranks`
-    /// blocks of `count` elements.
-    pub fn buffer_bytes(&self, ranks: u32) -> (usize, usize) {
-        let one = (self.count as usize).saturating_mul(self.elem());
-        let all = one.saturating_mul(ranks as usize);
-        match self.collective {
-            Collective::ReduceScatter => (all, one),
-            Collective::AllGather => (one, all),
-            _ => (one, one),
-        }
-    }
-}
+pub use ringcc_core::Call;
 
 /// Where a rank's input and output live, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

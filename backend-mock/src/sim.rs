@@ -12,7 +12,7 @@
 //! rank failed, reports success.
 
 use ringcc_core::prim::Machine;
-use ringcc_core::{CallDesc, ChannelId, Plan, Rank};
+use ringcc_core::{ChannelId, Plan, Rank};
 
 use crate::config::ClusterConfig;
 use crate::engine::{ps, secs, Engine, Ev, Ps, Rate, Slab};
@@ -293,7 +293,7 @@ impl Sim {
             let (c, r) = (t.channel, t.rank);
             let ring: &RingRef = &self.fab.rings[c as usize];
             let call = calls[r as usize];
-            let desc = CallDesc::new(self.seq, call.collective, call.count, call.dtype, call.op);
+            let desc = call.desc(self.seq);
             let invalid = |source| Error::InvalidCall { rank: r, source };
             let steps = plans[r as usize]
                 .steps(ChannelId(c as u8), Rank(r), ring.clone())

@@ -15,18 +15,7 @@ use crate::launch::Launch;
 use crate::rendezvous::{AbortState, StoreClient, StoreServer, Watcher};
 use crate::setup::{build, MAX_RANKS};
 
-/// One collective call, as [`Communicator::run`] takes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Call {
-    /// The collective (and its root).
-    pub collective: Collective,
-    /// Elements (per block for ReduceScatter and AllGather, as in NCCL).
-    pub count: u64,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction (ignored by AllGather and Broadcast).
-    pub op: ReduceOp,
-}
+pub use ringcc_core::Call;
 
 /// Aborts a communicator from any thread: its current or next call fails
 /// with [`Error::Aborted`], and every other rank of the job is told.

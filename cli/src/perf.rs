@@ -18,18 +18,8 @@ use crate::args::{NcclFlag, PerfArgs};
 use crate::error::CliError;
 use crate::progress::Progress;
 
-/// One collective call, as every rank makes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PerfCall {
-    /// The collective and root.
-    pub collective: Collective,
-    /// NCCL's count (per block for ReduceScatter / AllGather).
-    pub count: u64,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction.
-    pub op: ReduceOp,
-}
+/// One collective call, as every rank makes it: the core's.
+pub use ringcc_core::Call;
 
 /// What `perf` needs from a backend.
 pub trait PerfBackend {
@@ -53,14 +43,14 @@ pub trait PerfBackend {
         false
     }
     /// What one size will cost this process, estimated before it runs.
-    fn estimate(&self, _call: &PerfCall, _calls: u64, _checked: bool) -> Estimate {
+    fn estimate(&self, _call: &Call, _calls: u64, _checked: bool) -> Estimate {
         Estimate::default()
     }
     /// Runs `warmup` untimed then `iters` timed iterations; returns the
     /// mean seconds per iteration (the slowest rank's, for real backends).
     fn time(
         &mut self,
-        call: &PerfCall,
+        call: &Call,
         in_place: bool,
         warmup: u32,
         iters: u32,
@@ -68,7 +58,7 @@ pub trait PerfBackend {
     /// Runs one iteration with reference inputs and returns the number of
     /// wrong output elements over all ranks. `corrupt` elements of rank
     /// 0's output are corrupted first (test-only fault).
-    fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError>;
+    fn check(&mut self, call: &Call, in_place: bool, corrupt: u64) -> Result<u64, CliError>;
 }
 
 /// The memory and time one size of a run needs, estimated up front.
@@ -222,7 +212,7 @@ fn variants(a: &PerfArgs, collective: Collective) -> Vec<(DataType, ReduceOp)> {
 
 /// The run's plan: every size's call, and what the whole run will cost.
 struct Sweep {
-    cells: Vec<(PerfCall, u64)>,
+    cells: Vec<(Call, u64)>,
     estimate: Estimate,
 }
 
@@ -242,7 +232,7 @@ fn sweep(
     for (dtype, op) in variants(a, collective) {
         for &bytes in &sizes {
             let (count, size) = count_and_size(collective, dtype, bytes, n);
-            let call = PerfCall {
+            let call = Call {
                 collective,
                 count,
                 dtype,
@@ -267,7 +257,7 @@ fn sweep(
                     .iter()
                     .map(|(d, o)| {
                         let (count, _) = count_and_size(collective, *d, bytes, n);
-                        let call = PerfCall {
+                        let call = Call {
                             collective,
                             count,
                             dtype: *d,

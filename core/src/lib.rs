@@ -62,6 +62,7 @@
 mod log;
 mod math;
 
+pub mod call;
 pub mod cost;
 #[cfg(feature = "embedded-hal")]
 pub mod driver;
@@ -76,6 +77,7 @@ pub mod topology;
 pub mod verify;
 pub mod wire;
 
+pub use call::Call;
 pub use error::{Error, ProtocolViolation, Result};
 pub use id::{ChannelId, ChunkId, NicId, NodeId, Rank, RingIndex, SlotIndex};
 pub use plan::{CallDesc, Collective, Plan, Step};

@@ -12,9 +12,7 @@
 use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
 use ringcc_core::topology::{Ring, Topology};
-use ringcc_core::{
-    CallDesc, ChannelId, Collective, DataType, Error, Plan, Primitive, Rank, ReduceOp,
-};
+use ringcc_core::{CallDesc, ChannelId, Collective, Error, Plan, Primitive, Rank};
 
 /// Capacity of the executor's topologies.
 pub const MAX_RANKS: usize = 1024;
@@ -67,19 +65,9 @@ impl Config {
     }
 }
 
-/// One rank's call. Ranks normally share one; tests give one rank a
-/// different call to provoke a mismatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Call {
-    /// The collective.
-    pub collective: Collective,
-    /// Element count (per block for ReduceScatter / AllGather).
-    pub count: u64,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction.
-    pub op: ReduceOp,
-}
+/// One rank's call (the core's). Ranks normally share one; tests give
+/// one rank a different call to provoke a mismatch.
+pub use ringcc_core::Call;
 
 /// What a run produced.
 #[derive(Debug)]
@@ -260,7 +248,7 @@ pub fn run_on(
         let ring = topo.ring(ChannelId(c as u8)).expect("ring");
         for r in 0..n {
             let call = calls[r as usize];
-            let desc = CallDesc::new(0, call.collective, call.count, call.dtype, call.op);
+            let desc = call.desc(0);
             let steps = plans[r as usize]
                 .steps(ChannelId(c as u8), Rank(r), ring)
                 .expect("steps");

@@ -13,7 +13,7 @@ use ringcc_core::fifo::{FifoGeometry, ShmFifo};
 use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
 use ringcc_core::topology::Topology;
 use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
-use ringcc_core::{CallDesc, ChannelId, Plan, Primitive, Rank};
+use ringcc_core::{ChannelId, Plan, Primitive, Rank};
 
 use crate::exec::{layout, Call, Layout, MAX_RANKS};
 
@@ -247,7 +247,7 @@ pub fn run_threads(
                 let lay = layout(&plan, r, false);
                 let mut mem = vec![0u8; lay.len];
                 mem[lay.input..lay.input + input.len()].copy_from_slice(&input);
-                let desc = CallDesc::new(0, call.collective, call.count, call.dtype, call.op);
+                let desc = call.desc(0);
                 let mut driver = BlockingDriver::new(Sleep, 20_000, timeout.as_nanos() as u64);
                 for c in 0..channels {
                     let ring = topo.ring(ChannelId(c as u8)).unwrap();

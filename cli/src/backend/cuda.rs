@@ -6,8 +6,9 @@ use ringcc_cuda::{driver, Comm, Config};
 
 use crate::args::NcclFlag;
 use crate::error::CliError;
-use crate::perf::{PerfBackend, PerfCall};
+use crate::perf::PerfBackend;
 use crate::topo::Shape;
+use ringcc_core::Call;
 
 /// CUDA as a `perf` backend.
 pub struct CudaBackend {
@@ -15,7 +16,7 @@ pub struct CudaBackend {
     devices: usize,
     /// `#wrong` of the last timed case: the CUDA backend checks the
     /// results of the run it timed.
-    last_wrong: Option<(PerfCall, bool, u64)>,
+    last_wrong: Option<(Call, bool, u64)>,
 }
 
 fn failed(e: ringcc_cuda::Error) -> CliError {
@@ -99,7 +100,7 @@ impl PerfBackend for CudaBackend {
 
     fn time(
         &mut self,
-        call: &PerfCall,
+        call: &Call,
         in_place: bool,
         warmup: u32,
         iters: u32,
@@ -110,7 +111,7 @@ impl PerfBackend for CudaBackend {
         Ok(r.time_us * 1e-6)
     }
 
-    fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
+    fn check(&mut self, call: &Call, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
         match self.last_wrong {
             Some((c, p, w)) if c == *call && p == in_place => Ok(w + corrupt.min(1)),
             _ => {
@@ -122,12 +123,9 @@ impl PerfBackend for CudaBackend {
 }
 
 /// The CUDA backend's description of one perf cell.
-fn perf_case(call: &PerfCall, in_place: bool, warmup: u32, iters: u32) -> PerfCase {
+fn perf_case(call: &Call, in_place: bool, warmup: u32, iters: u32) -> PerfCase {
     PerfCase {
-        collective: call.collective,
-        count: call.count,
-        dtype: call.dtype,
-        op: call.op,
+        call: *call,
         in_place,
         warmup,
         iters,

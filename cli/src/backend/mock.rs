@@ -17,7 +17,7 @@ use ringcc_mock::{Call, Cluster, ClusterConfig, GeneratedData};
 
 use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
-use crate::perf::{Estimate, PerfBackend, PerfCall};
+use crate::perf::{Estimate, PerfBackend};
 use crate::topo;
 
 /// The simulator as a `perf` backend.
@@ -29,7 +29,7 @@ pub struct MockBackend {
     /// The check of the current size.
     generated: Option<GeneratedData>,
     /// The in-place check's `#wrong`, run beside the out-of-place one.
-    in_place_wrong: Option<(PerfCall, u64, Result<u64, String>)>,
+    in_place_wrong: Option<(Call, u64, Result<u64, String>)>,
     salt: u64,
 }
 
@@ -95,10 +95,6 @@ impl MockBackend {
     }
 }
 
-fn mock_call(c: &PerfCall) -> Call {
-    Call::new(c.collective, c.count, c.dtype, c.op)
-}
-
 /// One checked payload run; its `#wrong`, or why it failed.
 fn checked_run(
     cluster: &mut Cluster,
@@ -153,13 +149,13 @@ impl PerfBackend for MockBackend {
 
     fn time(
         &mut self,
-        call: &PerfCall,
+        call: &Call,
         in_place: bool,
         warmup: u32,
         iters: u32,
     ) -> Result<f64, CliError> {
         let n = self.ranks();
-        let calls = vec![mock_call(call); n as usize];
+        let calls = vec![*call; n as usize];
         let cluster = Self::cluster(&mut self.timing, &self.cfg, false)?;
         let mut total = 0.0;
         for i in 0..warmup.saturating_add(iters) {
@@ -180,7 +176,7 @@ impl PerfBackend for MockBackend {
     /// are independent, and the check is most of a simulated perf run's
     /// wall time); returns the out-of-place `#wrong` and keeps the
     /// in-place one for the call that asks for it next.
-    fn check(&mut self, call: &PerfCall, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
+    fn check(&mut self, call: &Call, in_place: bool, corrupt: u64) -> Result<u64, CliError> {
         if in_place {
             if let Some((c, k, w)) = self.in_place_wrong.take() {
                 if c == *call && k == corrupt {
@@ -189,7 +185,7 @@ impl PerfBackend for MockBackend {
             }
         }
         let n = self.ranks();
-        let mc = mock_call(call);
+        let mc = *call;
         if self.generated.as_ref().and_then(GeneratedData::call) != Some(mc) {
             // A new size (or type, op): new inputs, a new reference.
             self.generated = None;
@@ -249,7 +245,7 @@ impl PerfBackend for MockBackend {
         })
     }
 
-    fn estimate(&self, call: &PerfCall, calls: u64, checked: bool) -> Estimate {
+    fn estimate(&self, call: &Call, calls: u64, checked: bool) -> Estimate {
         let c = &self.cfg;
         let n = self.ranks();
         let Ok(plan) = Plan::new(
@@ -282,7 +278,7 @@ impl PerfBackend for MockBackend {
                 unchecked_bytes: base,
             };
         }
-        let mc = mock_call(call);
+        let mc = *call;
         let (input, output) = mc.buffer_bytes(n);
         // Each rank reads its input and writes its output about once.
         let moved = (input as u64)

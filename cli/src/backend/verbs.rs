@@ -11,7 +11,7 @@ use ringcc_verbs::{Call, Communicator, Config};
 
 use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
-use crate::perf::{Estimate, PerfBackend, PerfCall};
+use crate::perf::{Estimate, PerfBackend};
 
 /// RDMA verbs as a `perf` backend.
 pub struct VerbsBackend {
@@ -69,15 +69,6 @@ impl VerbsBackend {
         })
     }
 
-    fn call(c: &PerfCall) -> Call {
-        Call {
-            collective: c.collective,
-            count: c.count,
-            dtype: c.dtype,
-            op: c.op,
-        }
-    }
-
     /// Agrees on one u64 across ranks with the communicator.
     fn agree(&mut self, v: u64, op: ReduceOp) -> Result<u64, CliError> {
         let mut out = [0u8; 8];
@@ -93,7 +84,7 @@ impl VerbsBackend {
         Ok(u64::from_ne_bytes(out))
     }
 
-    fn buffers(&self, c: &PerfCall) -> Result<(Plan, Vec<u8>, Vec<u8>), CliError> {
+    fn buffers(&self, c: &Call) -> Result<(Plan, Vec<u8>, Vec<u8>), CliError> {
         let plan = Plan::new(
             c.collective,
             c.count,
@@ -150,7 +141,7 @@ impl PerfBackend for VerbsBackend {
         self.comm.rank() == 0
     }
 
-    fn estimate(&self, c: &PerfCall, _calls: u64, _checked: bool) -> Estimate {
+    fn estimate(&self, c: &Call, _calls: u64, _checked: bool) -> Estimate {
         // This rank's host buffers, input and output (the timed calls and
         // the check each hold one pair, one after the other).
         let n = u64::from(self.comm.world_size());
@@ -195,13 +186,13 @@ impl PerfBackend for VerbsBackend {
 
     fn time(
         &mut self,
-        c: &PerfCall,
+        c: &Call,
         _in_place: bool,
         warmup: u32,
         iters: u32,
     ) -> Result<f64, CliError> {
         let (_, mut input, mut output) = self.buffers(c)?;
-        let call = Self::call(c);
+        let call = *c;
         let comm = &mut self.comm;
         let local = if self.register {
             let reg_in = comm.register(&mut input).map_err(failed)?;
@@ -216,14 +207,12 @@ impl PerfBackend for VerbsBackend {
         Ok(self.agree(local, ReduceOp::Max)? as f64 * 1e-9)
     }
 
-    fn check(&mut self, c: &PerfCall, _in_place: bool, corrupt: u64) -> Result<u64, CliError> {
+    fn check(&mut self, c: &Call, _in_place: bool, corrupt: u64) -> Result<u64, CliError> {
         let (plan, mut input, mut output) = self.buffers(c)?;
         let rank = self.comm.rank();
         verify::fill_input(&plan, c.op, rank, self.salt, &mut input)
             .map_err(|e| CliError::internal(e.to_string()))?;
-        self.comm
-            .run(Self::call(c), &input, &mut output)
-            .map_err(failed)?;
+        self.comm.run(*c, &input, &mut output).map_err(failed)?;
         let victim = match c.collective {
             Collective::Reduce { root } => root.0,
             _ => 0,
