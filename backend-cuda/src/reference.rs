@@ -12,23 +12,15 @@ use ringcc_core::{Collective, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::state::Call;
 
-fn splitmix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// `count` elements of `dtype` for one rank: any bits for integers
 /// (wrapping arithmetic is exact in any order); for floats, small integers
 /// in `-4..=4`, or ±{½, 1, 2} for `Prod`, so that sums and products of up
 /// to 64 ranks are exact in every float type.
 pub fn pattern(dtype: DataType, op: ReduceOp, count: u64, seed: u64) -> Vec<u8> {
-    let mut s = seed;
+    let mut s = ringcc_core::rng::Rng::new(seed);
     let mut out = Vec::with_capacity((count * u64::from(dtype.size())) as usize);
     for _ in 0..count {
-        let r = splitmix(&mut s);
+        let r = s.next_u64();
         let v = if op == ReduceOp::Prod {
             let m = [0.5, 1.0, 2.0][(r % 3) as usize];
             if (r >> 8) & 1 == 1 {

@@ -12,8 +12,8 @@ use crate::faults::Faults;
 /// runs and what `explain` predicts use one type.
 pub type LinkModel = ringcc_core::cost::Link;
 
-/// The most ranks a simulated cluster can have.
-pub const MAX_RANKS: usize = 4096;
+/// The largest simulated cluster: the core's capacity for std crates.
+pub use ringcc_core::MAX_RANKS;
 
 /// The slowest bandwidth (bytes per second) of a link or of GPU memory the
 /// simulator times exactly: its picoseconds per byte, in the engine's

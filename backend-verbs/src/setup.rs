@@ -27,8 +27,8 @@ use crate::ib::qp::{Transport, RQ_DEPTH, SQ_DEPTH};
 use crate::launch::fnv1a;
 use crate::rendezvous::StoreClient;
 
-/// The most ranks a communicator holds (the topology's capacity).
-pub const MAX_RANKS: usize = 1024;
+/// The largest job: the core's capacity for std crates.
+pub use ringcc_core::MAX_RANKS;
 
 #[derive(Serialize, Deserialize)]
 struct Hello {

@@ -7,8 +7,8 @@ use ringcc_core::topology::Topology;
 use crate::args::{TopoArgs, DEFAULT_GPUS_PER_NODE};
 use crate::error::CliError;
 
-/// The largest cluster the command builds.
-pub const MAX_RANKS: usize = 4096;
+/// The largest cluster the command builds: the core's capacity.
+pub use ringcc_core::MAX_RANKS;
 
 /// A checked shape: the topology flags with every count resolved
 /// (`--ranks` spread over the nodes, the defaults filled in).

@@ -41,6 +41,11 @@ pub enum HopKind {
     },
 }
 
+/// The capacity the std crates (simulator, backends, command, tests) give
+/// a [`Topology`]: 4096 ranks, as large as the NCCL jobs people run. A
+/// firmware build picks its own with the const generic.
+pub const MAX_RANKS: usize = 4096;
+
 /// Ranks grouped by node, with up to `R` ranks.
 #[derive(Clone, Debug)]
 pub struct Topology<const R: usize> {

@@ -15,7 +15,7 @@ use ringcc_core::topology::{Ring, Topology};
 use ringcc_core::{CallDesc, ChannelId, Collective, Error, Plan, Primitive, Rank};
 
 /// Capacity of the executor's topologies.
-pub const MAX_RANKS: usize = 1024;
+pub use ringcc_core::MAX_RANKS;
 
 /// Shape of a run.
 #[derive(Clone, Debug)]
@@ -114,27 +114,8 @@ struct Node<'t> {
     prev: u32,
 }
 
-/// SplitMix64: a tiny, well-mixed, seedable generator.
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
+/// The core's seeded generator.
+pub use ringcc_core::rng::Rng;
 
 /// Buffer geometry of one rank: where input and output live in its memory.
 #[derive(Clone, Copy, Debug)]
@@ -277,7 +258,7 @@ pub fn run_on(
     let mut kinds: Vec<u8> = Vec::with_capacity(4);
     let mut misses = 0usize;
     loop {
-        let i = rng.below(nodes.len());
+        let i = rng.below(nodes.len() as u64) as usize;
         kinds.clear();
         let node = &nodes[i];
         if node.machine.error().is_none() {
@@ -318,7 +299,7 @@ pub fn run_on(
             stalled = true;
             break;
         }
-        let kind = kinds[rng.below(kinds.len())];
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
         // The rank an error belongs to (a head goes to the predecessor).
         let mut who = nodes[i].rank as usize;
         let result: Result<bool, Error> = match kind {
