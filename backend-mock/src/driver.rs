@@ -13,9 +13,7 @@ use ringcc_core::wire::post::{
     credit_write, decode_credit, tail_from_completion, LocalBuf, RemoteCounter, RemoteFifo,
     RemoteHeader, SliceWrites, CREDIT_LEN,
 };
-use ringcc_core::wire::{
-    CallHeader, CallHeaderRepr, Completion, Lkey, Psn, Qpn, Rkey, SendFlags, WcOpcode, WrOpcode,
-};
+use ringcc_core::wire::{CallHeader, CallHeaderRepr, Completion, Lkey, Psn, Qpn, Rkey, WcOpcode};
 
 use crate::error::Error;
 use crate::fabric::Hop;
@@ -192,17 +190,13 @@ impl Sim {
             addr: Memory::va(t.prev, pm.counter),
             rkey: Rkey(pm.counter_key),
         };
-        let mut wr =
+        let wr =
             credit_write::<1>(head, &counter, (head << 1) | 1).map_err(|source| Error::Wire {
                 rank: t.rank,
                 channel: t.channel,
                 call: "credit_write",
                 source,
             })?;
-        // An immediate wakes the sender; signaled so the send queue drains.
-        wr.opcode = WrOpcode::RdmaWriteWithImm;
-        wr.imm = head as u32;
-        wr.flags |= SendFlags::SIGNALED;
         self.nic.qps[pm.qp_rx as usize]
             .post_send(&wr)
             .map_err(|e| post_error(t.rank, t.channel, e))?;

@@ -19,7 +19,7 @@
 use ringcc_core::prim::Exec;
 use ringcc_core::reduce::{finalize, reduce};
 use ringcc_core::wire::post::{credit_write, LocalBuf, SliceWrites};
-use ringcc_core::wire::{Lkey, SendFlags, WorkRequest, WrOpcode};
+use ringcc_core::wire::{Lkey, WorkRequest};
 use ringcc_core::Primitive;
 
 use crate::conn::staging_free;
@@ -233,11 +233,8 @@ impl Engine {
             .and_then(|ch| ch.recv.as_mut())
             .ok_or_else(|| bad("credit without a predecessor".into()))?;
         let wr_id = WrId::new(Kind::Credit, s_channel(c), head as u32).encode();
-        let mut wr: WorkRequest<1> =
+        let wr: WorkRequest<1> =
             credit_write(head, &r.counter, wr_id).map_err(Error::core("credit_write"))?;
-        wr.opcode = WrOpcode::RdmaWriteWithImm;
-        wr.imm = head as u32;
-        wr.flags |= SendFlags::SIGNALED;
         // SAFETY: the payload is inline; no local memory is referenced.
         let n = unsafe { r.qp.post_writes([wr])? };
         r.out.posted(wr_id, n);

@@ -265,8 +265,12 @@ fn credit_return_and_widening() {
         rkey: Rkey(3),
     };
     let w = credit_write::<1>(0x0102_0304_0506_0708, &c, 5).unwrap();
-    assert_eq!(w.opcode, WrOpcode::RdmaWrite);
-    assert!(w.flags.contains(SendFlags::INLINE));
+    // As both its callers post it: the immediate wakes the sender, the
+    // completion retires the request.
+    assert_eq!(w.opcode, WrOpcode::RdmaWriteWithImm);
+    assert_eq!(w.imm, 0x0506_0708);
+    assert!(w.flags.contains(SendFlags::INLINE | SendFlags::SIGNALED));
+    assert_eq!(w.wr_id, 5);
     let Payload::Inline(b) = &w.payload else {
         panic!()
     };

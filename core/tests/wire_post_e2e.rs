@@ -224,7 +224,14 @@ impl World {
                         Opcode::WriteLastWithImm
                     }
                 );
-                self.events.push_back(Event::Imm { rank: target, imm });
+                // A credit's immediate lands on the sender's own queue
+                // pair (a wake-up: the counter holds the value); a
+                // slice's is the receiver's new tail.
+                if rkey_kind(remote.rkey) == COUNTER {
+                    assert_eq!(imm, decode_credit(dst.try_into().unwrap()) as u32);
+                } else {
+                    self.events.push_back(Event::Imm { rank: target, imm });
+                }
             }
         }
         if rkey_kind(remote.rkey) == COUNTER {

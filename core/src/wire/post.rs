@@ -300,9 +300,13 @@ impl<const N: usize> Iterator for SliceWrites<N> {
 impl<const N: usize> ExactSizeIterator for SliceWrites<N> {}
 impl<const N: usize> FusedIterator for SliceWrites<N> {}
 
-/// The credit return: `head` as an inline 8-byte RDMA WRITE (big-endian)
-/// into the sender's counter. Unsignaled; add
-/// [`SendFlags::SIGNALED`] when the send queue needs a completion.
+/// The credit return: `head` as an inline 8-byte RDMA WRITE WITH
+/// IMMEDIATE (big-endian) into the sender's counter, the immediate the low
+/// 32 bits of `head`, signaled. The immediate is what wakes the sender (a
+/// receive completion, as for a slice's tail; the counter's 8 bytes stay
+/// the authoritative value), and the completion is what lets the
+/// receiver's send queue retire the request. The simulator and the verbs
+/// backend post it as it is.
 pub fn credit_write<const N: usize>(
     head: u64,
     counter: &RemoteCounter,
@@ -312,14 +316,19 @@ pub fn credit_write<const N: usize>(
         .addr
         .checked_add(CREDIT_LEN as u64)
         .ok_or(Error::Malformed)?;
-    WorkRequest::inline_write(
+    let mut wr = WorkRequest::inline_write(
         wr_id,
         &head.to_be_bytes(),
         RemoteAddr {
             addr: counter.addr,
             rkey: counter.rkey,
         },
-    )
+    )?;
+    wr.opcode = WrOpcode::RdmaWriteWithImm;
+    // The low half: the sender widens it against the head it knew.
+    wr.imm = head as u32;
+    wr.flags |= SendFlags::SIGNALED;
+    Ok(wr)
 }
 
 /// The `head` value in a credit counter's 8 bytes.
