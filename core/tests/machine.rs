@@ -266,3 +266,23 @@ fn chunk_must_leave_a_slice_free() {
     .unwrap_err();
     assert_eq!(err, Error::PlanMismatch);
 }
+
+/// A call header is accepted once, at the step the connection is at: a
+/// second one, or one at another step, is a protocol error — for this
+/// call's header and for the next call's, which may come early.
+#[test]
+fn a_header_twice_or_at_the_wrong_step_is_refused() {
+    let unexpected = Err(Error::Protocol(ProtocolViolation::UnexpectedHeader));
+    // This call's header at a step the connection is not at.
+    let mut m = machine();
+    assert_eq!(m.handle_header(1, call(0, 64)), unexpected);
+    // The next call's header: once, at the step after this call's.
+    let mut m = machine();
+    let at = m.link().recv_next;
+    assert_eq!(m.handle_header(at + 1, call(1, 64)), unexpected);
+    let mut m = machine();
+    m.handle_header(at, call(1, 64)).unwrap();
+    assert_eq!(m.handle_header(at, call(1, 64)), unexpected);
+    // A refused header poisons the machine.
+    assert!(m.poll_action().is_err());
+}

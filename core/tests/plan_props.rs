@@ -489,3 +489,56 @@ fn last_loop_at_the_top_of_the_u64_range() {
     }
     assert_eq!(at, range.end);
 }
+
+/// The primitive table and chunk formula on the general (non-incremental)
+/// path too: the last loop of a channel that ends at the top of the u64
+/// range, where `loop start + (n−1)·chunk` overflows, walks DESIGN.md's
+/// table step by step on every rank.
+#[test]
+fn the_table_holds_where_offsets_reach_the_top_of_the_u64_range() {
+    for n in [2u32, 3, 4, 7] {
+        let probe = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, 16).unwrap();
+        let range = probe.channel_range(ChannelId(1)).unwrap();
+        let len = range.end - range.start;
+        // Two loops: the first takes n·c elements, the second r < 2n.
+        let r = (5..5 + u64::from(n))
+            .find(|r| (len - r).is_multiple_of(u64::from(n)))
+            .unwrap();
+        let c = (len - r) / u64::from(n);
+        let p = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, c).unwrap();
+        assert_eq!(p.loops(ChannelId(1)).unwrap(), 2);
+        let spl = p.steps_per_loop() as usize;
+        for rank in 0..n {
+            let steps: Vec<Step> = p
+                .steps(
+                    ChannelId(1),
+                    Rank(rank),
+                    ringcc_core::InOrderRing { ranks: n },
+                )
+                .unwrap()
+                .skip(spl)
+                .collect();
+            assert_eq!(steps.len() as u32, 2 * n - 1);
+            for (s, st) in steps.iter().enumerate() {
+                let s = s as u32;
+                let want = if s == 0 {
+                    Primitive::SEND_ONLY
+                } else if s < n - 1 {
+                    Primitive::RECV_REDUCE_SEND
+                } else if s == n - 1 {
+                    Primitive::RECV_REDUCE_COPY_SEND
+                } else if s < 2 * n - 2 {
+                    Primitive::RECV_COPY_SEND
+                } else {
+                    Primitive::RECV_ONLY
+                };
+                assert_eq!(st.primitive, want, "n {n} rank {rank} step {s}");
+                assert_eq!(
+                    st.chunk.0,
+                    (rank + 2 * n - s - 1) % n,
+                    "n {n} rank {rank} step {s}"
+                );
+            }
+        }
+    }
+}

@@ -144,3 +144,33 @@ pub fn slice_result(
         }),
     }
 }
+
+#[cfg(test)]
+mod finalize_tests {
+    use super::*;
+    use crate::reduce::{DataType, ReduceOp};
+
+    /// Only the step that completes a reduction (REDUCE with COPY)
+    /// finalizes it: `Avg` divides there and nowhere else.
+    #[test]
+    fn only_the_completing_step_divides() {
+        for p in [
+            Primitive::SEND_ONLY,
+            Primitive::RECV_REDUCE_SEND,
+            Primitive::RECV_COPY_SEND,
+            Primitive::RECV_ONLY,
+            Primitive::COPY_ONLY,
+        ] {
+            assert!(!p.finalizes(), "{p}");
+        }
+        assert!(Primitive::RECV_REDUCE_COPY_SEND.finalizes());
+        let (a, b) = (6i32.to_ne_bytes(), 2i32.to_ne_bytes());
+        let mut out = [0u8; 4];
+        let run = |p, out: &mut [u8; 4]| {
+            slice_result(p, DataType::I32, ReduceOp::Avg, 4, Some(&a), Some(&b), out).unwrap();
+            i32::from_ne_bytes(*out)
+        };
+        assert_eq!(run(Primitive::RECV_REDUCE_SEND, &mut out), 8);
+        assert_eq!(run(Primitive::RECV_REDUCE_COPY_SEND, &mut out), 2);
+    }
+}
