@@ -103,6 +103,13 @@ fn launch(comm: &mut Comm, case: &PerfCase, spec: Call, b: &mut Buffers) -> Resu
 /// Runs `case` once on fresh inputs and counts the elements that differ
 /// from the host reference, over all ranks (nccl-tests' `#wrong`).
 pub fn verify(comm: &mut Comm, case: &PerfCase) -> Result<u64> {
+    verify_corrupted(comm, case, 0)
+}
+
+/// [`verify`], with a test-only fault: the first `corrupt` elements of
+/// one rank's output (the root's for Reduce, else rank 0's) get a byte
+/// flipped in the host copy before the comparison, which must count them.
+pub fn verify_corrupted(comm: &mut Comm, case: &PerfCase, corrupt: u64) -> Result<u64> {
     let spec = spec_of(case);
     let n = comm.ranks();
     let config = *comm.config();
@@ -122,10 +129,21 @@ pub fn verify(comm: &mut Comm, case: &PerfCase) -> Result<u64> {
         } else {
             (0, spec.bytes(n, &config)?.1)
         };
-        let got = host
+        let mut got = host
             .get(off as usize..(off + len) as usize)
-            .unwrap_or_default();
-        bad += wrong(spec.dtype, got, w);
+            .unwrap_or_default()
+            .to_vec();
+        let victim = match spec.collective {
+            ringcc_core::Collective::Reduce { root } => root.0,
+            _ => 0,
+        };
+        if r == victim {
+            let elem = usize::from(spec.dtype.size());
+            for e in got.chunks_exact_mut(elem).take(corrupt as usize) {
+                e[0] ^= 0x5a;
+            }
+        }
+        bad += wrong(spec.dtype, &got, w);
     }
     Ok(bad)
 }

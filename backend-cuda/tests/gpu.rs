@@ -6,7 +6,7 @@
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use ringcc_core::{Collective, DataType, Rank, ReduceOp};
-use ringcc_cuda::perf::{verify, PerfCase};
+use ringcc_cuda::perf::{verify, verify_corrupted, PerfCase};
 use ringcc_cuda::{driver, Call, Comm, Config, Error};
 
 fn case(
@@ -60,6 +60,19 @@ fn sweep(ordinals: &[usize], config: Config) {
         )
         .unwrap();
         assert_eq!(wrong, 0, "{c} in place on {ordinals:?}");
+        // The check can fail: corrupted elements are each counted.
+        for in_place in [false, true] {
+            let wrong = verify_corrupted(
+                &mut comm,
+                &case(c, DataType::F32, ReduceOp::Sum, 3001, in_place),
+                3,
+            )
+            .unwrap();
+            assert_eq!(
+                wrong, 3,
+                "{c} corrupted, in place {in_place}, on {ordinals:?}"
+            );
+        }
     }
     assert_eq!(runs, 3 * 50 + 2 * 10);
 }
