@@ -91,13 +91,13 @@ pub enum Error {
         ranks: u32,
     },
     /// A user buffer is shorter than the collective needs.
-    BufferTooSmall {
+    BadBuffer {
         /// The rank the buffer belongs to.
         rank: u32,
         /// `"send"` or `"recv"`.
         which: &'static str,
-        /// Bytes needed.
-        needed: u64,
+        /// Bytes the call needs.
+        expected: u64,
         /// Bytes given.
         got: u64,
     },
@@ -143,7 +143,10 @@ pub enum Error {
     },
     /// An earlier collective failed on this communicator; its connection
     /// state is unknown, so it accepts no more calls.
-    Poisoned,
+    Poisoned {
+        /// The failure that poisoned it.
+        cause: String,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -182,14 +185,14 @@ impl std::fmt::Display for Error {
             Error::RankOutOfRange { rank, ranks } => {
                 write!(f, "rank {rank} out of range for {ranks} ranks")
             }
-            Error::BufferTooSmall {
+            Error::BadBuffer {
                 rank,
                 which,
-                needed,
+                expected,
                 got,
             } => write!(
                 f,
-                "rank {rank}'s {which} buffer has {got} B, the collective needs {needed} B"
+                "rank {rank}'s {which} buffer has {got} B, the collective needs {expected} B"
             ),
             Error::WrongDevice {
                 rank,
@@ -213,9 +216,10 @@ impl std::fmt::Display for Error {
             }
             Error::Stalled { detail } => write!(f, "progress loop stalled: {detail}"),
             Error::Hazard { detail } => write!(f, "FIFO hazard on the fake device: {detail}"),
-            Error::Poisoned => {
-                f.write_str("an earlier collective failed on this communicator; create a new one")
-            }
+            Error::Poisoned { cause } => write!(
+                f,
+                "an earlier collective failed on this communicator ({cause}); create a new one"
+            ),
         }
     }
 }

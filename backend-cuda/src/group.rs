@@ -217,10 +217,10 @@ impl<'a> Group<'a> {
             if got >= needed {
                 Ok(())
             } else {
-                Err(Error::BufferTooSmall {
+                Err(Error::BadBuffer {
                     rank: rank.0,
                     which,
-                    needed,
+                    expected: needed,
                     got,
                 })
             }

@@ -95,7 +95,7 @@ impl HostComm {
         let specs: Vec<Call> = calls.iter().map(|c| c.spec).collect();
         self.state.run(&mut self.device, &specs)?;
         if let Err(e) = self.device.synchronize() {
-            self.state.poison();
+            self.state.poison(&e);
             return Err(e);
         }
         (0..n)
@@ -113,10 +113,10 @@ impl HostComm {
 
 fn check(rank: u32, which: &'static str, needed: u64, got: u64) -> Result<()> {
     if got < needed {
-        return Err(Error::BufferTooSmall {
+        return Err(Error::BadBuffer {
             rank,
             which,
-            needed,
+            expected: needed,
             got,
         });
     }

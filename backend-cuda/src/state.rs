@@ -80,7 +80,8 @@ pub struct CommState {
     config: Config,
     links: Vec<LinkState>,
     seq: u64,
-    poisoned: bool,
+    /// Why the communicator is unusable: the first failure.
+    poisoned: Option<String>,
 }
 
 impl CommState {
@@ -92,7 +93,7 @@ impl CommState {
             layout,
             config,
             seq: 0,
-            poisoned: false,
+            poisoned: None,
         })
     }
 
@@ -113,8 +114,10 @@ impl CommState {
 
     /// Fails with [`Error::Poisoned`] once a call has failed.
     pub fn check_live(&self) -> Result<()> {
-        if self.poisoned {
-            return Err(Error::Poisoned);
+        if let Some(cause) = &self.poisoned {
+            return Err(Error::Poisoned {
+                cause: cause.clone(),
+            });
         }
         Ok(())
     }
@@ -139,14 +142,16 @@ impl CommState {
             }
             Err(e) => {
                 tracing::warn!(error = %e, seq = self.seq, "ringcc-cuda: collective failed; communicator poisoned");
-                self.poisoned = true;
+                self.poisoned = Some(e.to_string());
                 Err(e)
             }
         }
     }
 
     /// Marks the communicator failed (a device error after enqueueing).
-    pub fn poison(&mut self) {
-        self.poisoned = true;
+    pub fn poison(&mut self, cause: &Error) {
+        if self.poisoned.is_none() {
+            self.poisoned = Some(cause.to_string());
+        }
     }
 }

@@ -158,7 +158,7 @@ fn mismatched_calls_fail_and_poison_the_communicator() {
         other => panic!("expected MismatchedCall, got {other:?}"),
     }
     let (_, calls) = inputs_for(&spec, 3, &config, false);
-    assert!(matches!(comm.run(&calls), Err(Error::Poisoned)));
+    assert!(matches!(comm.run(&calls), Err(Error::Poisoned { .. })));
 }
 
 #[test]
@@ -175,9 +175,9 @@ fn short_buffers_are_rejected_before_anything_runs() {
     calls[0].input.truncate(8 * 19);
     assert!(matches!(
         comm.run(&calls),
-        Err(Error::BufferTooSmall {
+        Err(Error::BadBuffer {
             rank: 0,
-            needed: 160,
+            expected: 160,
             got: 152,
             ..
         })

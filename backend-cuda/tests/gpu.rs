@@ -163,7 +163,7 @@ fn mismatched_calls_and_bad_buffers_are_typed_errors() {
         g.all_reduce(Rank(0), &a, &mut ra, ReduceOp::Sum).unwrap();
         assert!(matches!(
             g.all_reduce(Rank(1), &b, &mut rb, ReduceOp::Sum),
-            Err(Error::BufferTooSmall { rank: 1, .. })
+            Err(Error::BadBuffer { rank: 1, .. })
         ));
         assert!(matches!(g.launch(), Err(Error::MissingRank { rank: 1 })));
     }

@@ -15,7 +15,7 @@ impl Sim {
                 rank: origin,
                 at: secs(*t),
             },
-            _ => Error::Config {
+            _ => Error::BadConfig {
                 what: "unknown cause".into(),
             },
         };
@@ -46,7 +46,7 @@ impl Sim {
         }
         if primary && !rs.abort_sent {
             rs.abort_sent = true;
-            let cause = Box::new(rs.error.clone().unwrap_or_else(|| Error::Config {
+            let cause = Box::new(rs.error.clone().unwrap_or_else(|| Error::BadConfig {
                 what: "unknown cause".into(),
             }));
             for c in 0..self.fab.channels {

@@ -182,7 +182,7 @@ impl Default for ClusterConfig {
 }
 
 fn bad(what: impl Into<String>) -> Error {
-    Error::Config { what: what.into() }
+    Error::BadConfig { what: what.into() }
 }
 
 fn check_link(name: &str, l: &LinkModel) -> Result<(), Error> {
@@ -350,7 +350,10 @@ mod tests {
             },
         ];
         for c in bad {
-            assert!(matches!(c.validate(), Err(Error::Config { .. })), "{c:?}");
+            assert!(
+                matches!(c.validate(), Err(Error::BadConfig { .. })),
+                "{c:?}"
+            );
         }
     }
 
@@ -386,7 +389,7 @@ mod tests {
             (with(ok.0, ok.1, 1.0), "GPU memory"),
             (with(ok.0, ok.1, 1e22), "GPU memory"),
         ] {
-            let Err(Error::Config { what }) = c.validate() else {
+            let Err(Error::BadConfig { what }) = c.validate() else {
                 panic!("accepted {c:?}")
             };
             assert!(what.starts_with(&format!("{name} bandwidth")), "{what}");

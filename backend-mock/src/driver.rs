@@ -89,7 +89,7 @@ impl Sim {
         self.mem.commit();
         let mtu = self.cfg.path_mtu()?;
         let (sq, rq) = (self.cfg.rnic.sq_depth, self.cfg.rnic.rq_depth);
-        let setup_err = |what| Error::Config {
+        let setup_err = |what| Error::BadConfig {
             what: format!("queue pair setup: {what:?}"),
         };
         for l in 0..self.lanes.len() as u32 {

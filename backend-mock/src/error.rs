@@ -12,7 +12,7 @@ use ringcc_core::wire::WcStatus;
 #[non_exhaustive]
 pub enum Error {
     /// `Cluster::new`: the configuration is inconsistent.
-    Config {
+    BadConfig {
         /// What is wrong.
         what: String,
     },
@@ -44,7 +44,7 @@ pub enum Error {
         buffers: usize,
     },
     /// `Cluster::run` in payload mode: a rank's buffer has the wrong size.
-    Buffer {
+    BadBuffer {
         /// The rank.
         rank: u32,
         /// `input` or `output`.
@@ -144,7 +144,7 @@ pub enum Error {
     },
     /// `Cluster::run` after a failed run: the communicator is aborted
     /// (build a new cluster).
-    CommAborted {
+    Poisoned {
         /// The first failure.
         cause: Box<Error>,
     },
@@ -176,7 +176,7 @@ impl Error {
     pub fn wc_status(&self) -> Option<WcStatus> {
         match self {
             Error::Completion { status, .. } => Some(*status),
-            Error::Aborted { cause, .. } | Error::CommAborted { cause } => cause.wc_status(),
+            Error::Aborted { cause, .. } | Error::Poisoned { cause } => cause.wc_status(),
             _ => None,
         }
     }
@@ -185,7 +185,7 @@ impl Error {
     pub fn rank(&self) -> Option<u32> {
         match self {
             Error::InvalidCall { rank, .. }
-            | Error::Buffer { rank, .. }
+            | Error::BadBuffer { rank, .. }
             | Error::Machine { rank, .. }
             | Error::Reduce { rank, .. }
             | Error::Wire { rank, .. }
@@ -195,18 +195,18 @@ impl Error {
             | Error::RankDied { rank, .. }
             | Error::Aborted { rank, .. }
             | Error::EventLimit { rank, .. } => Some(*rank),
-            Error::Config { .. }
+            Error::BadConfig { .. }
             | Error::Topology { .. }
             | Error::CallCount { .. }
             | Error::BufferCount { .. }
-            | Error::CommAborted { .. } => None,
+            | Error::Poisoned { .. } => None,
         }
     }
 
     /// The error at the root of an abort (the error itself otherwise).
     pub fn root_cause(&self) -> &Error {
         match self {
-            Error::Aborted { cause, .. } | Error::CommAborted { cause } => cause.root_cause(),
+            Error::Aborted { cause, .. } | Error::Poisoned { cause } => cause.root_cause(),
             e => e,
         }
     }
@@ -215,7 +215,7 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Config { what } => write!(f, "invalid cluster configuration: {what}"),
+            Error::BadConfig { what } => write!(f, "invalid cluster configuration: {what}"),
             Error::Topology { source } => write!(f, "topology: {source}"),
             Error::CallCount { ranks, calls } => {
                 write!(f, "{calls} calls given for {ranks} ranks (one per rank)")
@@ -224,7 +224,7 @@ impl fmt::Display for Error {
                 write!(f, "{buffers} buffer pairs given for {ranks} ranks (one per rank)")
             }
             Error::InvalidCall { rank, source } => write!(f, "rank {rank}: invalid call: {source}"),
-            Error::Buffer {
+            Error::BadBuffer {
                 rank,
                 which,
                 expected,
@@ -284,7 +284,7 @@ impl fmt::Display for Error {
                     write!(f, "rank {rank}: aborted by rank {origin}: {cause}")
                 }
             }
-            Error::CommAborted { cause } => {
+            Error::Poisoned { cause } => {
                 write!(f, "the communicator was aborted by an earlier failure: {cause}")
             }
             Error::EventLimit { rank, events } => write!(
@@ -303,7 +303,7 @@ impl std::error::Error for Error {
             | Error::Machine { source, .. }
             | Error::Reduce { source, .. } => Some(source),
             Error::Wire { source, .. } => Some(source),
-            Error::Aborted { cause, .. } | Error::CommAborted { cause } => Some(cause.as_ref()),
+            Error::Aborted { cause, .. } | Error::Poisoned { cause } => Some(cause.as_ref()),
             _ => None,
         }
     }
@@ -336,7 +336,7 @@ mod tests {
         let unnamed = Error::Aborted {
             rank: 0,
             origin: 7,
-            cause: Box::new(Error::Config { what: "x".into() }),
+            cause: Box::new(Error::BadConfig { what: "x".into() }),
         };
         assert_eq!(
             unnamed.to_string(),

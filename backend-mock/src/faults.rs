@@ -112,7 +112,7 @@ impl Faults {
     }
 
     pub(crate) fn validate(&self, cfg: &ClusterConfig) -> Result<(), Error> {
-        let bad = |what: String| Error::Config { what };
+        let bad = |what: String| Error::BadConfig { what };
         for (name, p) in [
             ("loss", self.loss),
             ("duplicate", self.duplicate),

@@ -182,14 +182,14 @@ impl GeneratedData {
             let bytes = usize::try_from(n)
                 .ok()
                 .and_then(|n| n.checked_mul(elem))
-                .ok_or_else(|| Error::Config {
+                .ok_or_else(|| Error::BadConfig {
                     what: format!("a reference of {n} elements does not fit this machine"),
                 })?;
             // A reference larger than the machine's memory is an error
             // to report, not an allocation abort.
             reference
                 .try_reserve_exact(bytes)
-                .map_err(|_| Error::Config {
+                .map_err(|_| Error::BadConfig {
                     what: format!(
                         "cannot allocate the check's reference: {bytes} bytes (one rank's {})",
                         if matches!(call.collective, Collective::ReduceScatter) {
@@ -247,7 +247,7 @@ impl GeneratedData {
     /// Starts a run: no output element written yet.
     pub(crate) fn begin(&mut self, in_place: bool) -> Result<(), Error> {
         let Some(call) = self.call else {
-            return Err(Error::Config {
+            return Err(Error::BadConfig {
                 what: "GeneratedData::default() holds no call: build it with GeneratedData::new"
                     .into(),
             });

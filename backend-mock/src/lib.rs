@@ -123,7 +123,7 @@ use ringcc_core::{HopKind, NicId};
 /// Collectives run one after another ([`run`](Cluster::run)); the call
 /// sequence number, the connection counters and the clock carry over. A
 /// run in which any rank failed aborts the communicator: later runs return
-/// [`Error::CommAborted`].
+/// [`Error::Poisoned`].
 pub struct Cluster {
     sim: sim::Sim,
 }
@@ -200,7 +200,7 @@ impl Cluster {
         in_place: bool,
     ) -> Result<RunReport, Error> {
         if !self.sim.cfg.payload {
-            return Err(Error::Config {
+            return Err(Error::BadConfig {
                 what: "run_generated needs payload mode: timing-only runs move no bytes".into(),
             });
         }

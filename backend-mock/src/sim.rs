@@ -117,7 +117,7 @@ impl Sim {
         for c in cfg.faults.bad_rkey.iter().chain(&cfg.faults.bad_raddr) {
             let l = fab.lane(c.channel, c.rank);
             if !matches!(fab.lanes[l as usize].hop, Hop::Net { .. }) {
-                return Err(Error::Config {
+                return Err(Error::BadConfig {
                     what: format!(
                         "channel {} of rank {} is not an RDMA hop: there is no key or address to corrupt",
                         c.channel, c.rank
@@ -214,7 +214,7 @@ impl Sim {
             };
             for &(which, expected, got) in checks {
                 if expected != got {
-                    return Err(Error::Buffer {
+                    return Err(Error::BadBuffer {
                         rank,
                         which,
                         expected,
@@ -237,7 +237,7 @@ impl Sim {
         in_place: bool,
     ) -> Result<RunReport, Error> {
         if let Some(cause) = &self.aborted {
-            return Err(Error::CommAborted {
+            return Err(Error::Poisoned {
                 cause: Box::new(cause.clone()),
             });
         }
@@ -271,7 +271,7 @@ impl Sim {
             RunData::Buffers(b) if cfg.payload => self.check_buffers(calls, b, in_place)?,
             RunData::Generated(g) if cfg.payload => {
                 if let Some(r) = calls.iter().position(|c| Some(*c) != g.call()) {
-                    return Err(Error::Config {
+                    return Err(Error::BadConfig {
                         what: format!(
                             "rank {r}'s call is not the one the generated data was made for: \
                              mismatched calls need real buffers (Cluster::run)"

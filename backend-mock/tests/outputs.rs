@@ -163,7 +163,7 @@ fn timing_mode_has_no_packets_to_capture() {
         payload: false,
         ..ClusterConfig::default()
     };
-    assert!(matches!(Cluster::new(cfg), Err(Error::Config { .. })));
+    assert!(matches!(Cluster::new(cfg), Err(Error::BadConfig { .. })));
     let cfg = ClusterConfig {
         payload: false,
         faults: Faults {
@@ -172,5 +172,5 @@ fn timing_mode_has_no_packets_to_capture() {
         },
         ..ClusterConfig::default()
     };
-    assert!(matches!(Cluster::new(cfg), Err(Error::Config { .. })));
+    assert!(matches!(Cluster::new(cfg), Err(Error::BadConfig { .. })));
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ringcc_core::topology::Topology;
-use ringcc_core::{CallDesc, ChannelId, Collective, DataType, Machine, Plan, Rank, ReduceOp};
+use ringcc_core::{ChannelId, Collective, DataType, Machine, Plan, Rank, ReduceOp};
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
@@ -140,7 +140,7 @@ impl Communicator {
         config.validate()?;
         let (rank, world) = (launch.rank, launch.world_size);
         if world as usize > MAX_RANKS {
-            return Err(Error::Config(format!(
+            return Err(Error::BadConfig(format!(
                 "{world} ranks exceed the maximum of {MAX_RANKS}"
             )));
         }
@@ -350,7 +350,7 @@ impl Communicator {
         mrs: Option<(NicMrs<'b>, NicMrs<'b>)>,
     ) -> Result<()> {
         if let Some(p) = &self.poisoned {
-            return Err(Error::Poisoned(p.clone()));
+            return Err(Error::Poisoned { cause: p.clone() });
         }
         match self.run_inner(call, input, output, mrs) {
             Ok(()) => {
@@ -392,19 +392,19 @@ impl Communicator {
             matches!(call.collective, Collective::Reduce { .. }) && root != Some(self.rank);
         if input.len() as u64 != need_in && !(may_skip_in && input.is_empty()) {
             return Err(Error::BadBuffer {
-                what: "input",
+                which: "input",
                 expected: need_in,
                 got: input.len() as u64,
             });
         }
         if output.len() as u64 != need_out && !(may_skip_out && output.is_empty()) {
             return Err(Error::BadBuffer {
-                what: "output",
+                which: "output",
                 expected: need_out,
                 got: output.len() as u64,
             });
         }
-        let desc = CallDesc::new(self.seq, call.collective, call.count, call.dtype, call.op);
+        let desc = call.desc(self.seq);
         let geometry = self.engine.geometry;
         let me = Rank(self.rank);
         let mut machines = Vec::with_capacity(self.engine.chans.len());
@@ -505,7 +505,7 @@ fn elements(bytes: usize, dtype: DataType, what: &'static str) -> Result<u64> {
     let size = usize::from(dtype.size());
     if !bytes.is_multiple_of(size) {
         return Err(Error::BadBuffer {
-            what,
+            which: what,
             expected: (bytes - bytes % size) as u64,
             got: bytes as u64,
         });

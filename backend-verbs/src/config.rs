@@ -197,7 +197,7 @@ impl Config {
     /// The FIFO geometry.
     pub fn geometry(&self) -> Result<FifoGeometry> {
         FifoGeometry::new(self.slot_bytes, self.slots_per_slice).map_err(|e| {
-            Error::Config(format!(
+            Error::BadConfig(format!(
                 "slot_bytes {} / slots_per_slice {}: {e}",
                 self.slot_bytes, self.slots_per_slice
             ))
@@ -208,7 +208,7 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         let g = self.geometry()?;
         if self.chunk_bytes > g.max_chunk_bytes() {
-            return Err(Error::Config(format!(
+            return Err(Error::BadConfig(format!(
                 "chunk_bytes {} exceeds the {} bytes the FIFO can pipeline \
                  (at most 8 / slots_per_slice - 1 slices of {} bytes)",
                 self.chunk_bytes,
@@ -217,30 +217,30 @@ impl Config {
             )));
         }
         if self.channels == 0 || self.channels > ringcc_core::topology::MAX_CHANNELS {
-            return Err(Error::Config(format!(
+            return Err(Error::BadConfig(format!(
                 "{} channels (1..=64)",
                 self.channels
             )));
         }
         if self.chunk_bytes == 0 || !self.chunk_bytes.is_multiple_of(8) {
-            return Err(Error::Config(format!(
+            return Err(Error::BadConfig(format!(
                 "chunk_bytes {} is not a non-zero multiple of 8",
                 self.chunk_bytes
             )));
         }
         if self.slot_bytes > u64::from(u32::MAX) / 16 {
-            return Err(Error::Config(format!(
+            return Err(Error::BadConfig(format!(
                 "slot_bytes {} is too large",
                 self.slot_bytes
             )));
         }
         if self.ib_timeout > 31 || self.retry_cnt > 7 || self.rnr_retry > 7 {
-            return Err(Error::Config(
+            return Err(Error::BadConfig(
                 "ib_timeout must be <= 31, retry_cnt and rnr_retry <= 7".into(),
             ));
         }
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err(Error::Config("timeouts must be positive".into()));
+            return Err(Error::BadConfig("timeouts must be positive".into()));
         }
         Ok(())
     }
@@ -341,7 +341,7 @@ mod tests {
             let e = cfg(&[(k, v)]).unwrap_err();
             let s = e.to_string();
             assert!(
-                s.contains(k) || matches!(e, Error::Config(_)),
+                s.contains(k) || matches!(e, Error::BadConfig(_)),
                 "{k}={v}: {s}"
             );
         }

@@ -21,7 +21,7 @@ pub enum Error {
     },
     /// A configuration that cannot work, or ranks configured differently.
     #[error("invalid configuration: {0}")]
-    Config(String),
+    BadConfig(String),
     /// No usable RDMA device (rdma-core missing, device absent, port down,
     /// no GID).
     #[error("RDMA device {wanted}: {reason}")]
@@ -111,10 +111,10 @@ pub enum Error {
         source: ringcc_core::Error,
     },
     /// A user buffer has the wrong length for the call.
-    #[error("{what} buffer holds {got} bytes, the call needs {expected}")]
+    #[error("{which} buffer holds {got} bytes, the call needs {expected}")]
     BadBuffer {
         /// `input` or `output`.
-        what: &'static str,
+        which: &'static str,
         /// Bytes the call needs.
         expected: u64,
         /// Bytes given.
@@ -133,8 +133,11 @@ pub enum Error {
     Internal(String),
     /// The communicator already failed or was aborted; it accepts no more
     /// calls.
-    #[error("the communicator is unusable after an earlier error: {0}")]
-    Poisoned(String),
+    #[error("the communicator is unusable after an earlier error: {cause}")]
+    Poisoned {
+        /// The failure that poisoned it.
+        cause: String,
+    },
 }
 
 impl Error {

@@ -126,7 +126,7 @@ pub(crate) fn build(
     }
     for (r, h) in hellos.iter().enumerate() {
         if h.agreement != hellos[0].agreement {
-            return Err(Error::Config(format!(
+            return Err(Error::BadConfig(format!(
                 "rank {r} is configured differently from rank 0: {:?} vs {:?}",
                 h.agreement, hellos[0].agreement
             )));

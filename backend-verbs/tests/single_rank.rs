@@ -72,7 +72,7 @@ fn wrong_buffer_sizes_are_typed_errors_and_poison_the_communicator() {
     let mut out = vec![0u8; 8];
     match comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum) {
         Err(Error::BadBuffer {
-            what: "output",
+            which: "output",
             expected: 12,
             got: 8,
         }) => {}
@@ -81,7 +81,7 @@ fn wrong_buffer_sizes_are_typed_errors_and_poison_the_communicator() {
     let mut out = vec![0u8; 12];
     assert!(matches!(
         comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum),
-        Err(Error::Poisoned(_))
+        Err(Error::Poisoned { .. })
     ));
 }
 
@@ -92,7 +92,7 @@ fn odd_byte_counts_are_refused() {
     let mut out = vec![0u8; 6];
     assert!(matches!(
         comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum),
-        Err(Error::BadBuffer { what: "input", .. })
+        Err(Error::BadBuffer { which: "input", .. })
     ));
 }
 
@@ -157,7 +157,7 @@ fn registered_buffers_run_many_calls_and_equal_the_reference() {
     };
     assert!(matches!(
         comm.run_registered(call, &input_reg, &mut output_reg),
-        Err(Error::BadBuffer { what: "input", .. })
+        Err(Error::BadBuffer { which: "input", .. })
     ));
 }
 
@@ -183,7 +183,7 @@ fn a_buffer_registered_with_another_communicator_is_refused() {
     let mut fresh = vec![0u8; 64];
     assert!(matches!(
         a.all_reduce(&fresh.clone(), &mut fresh, DataType::F32, ReduceOp::Sum),
-        Err(Error::Poisoned(_))
+        Err(Error::Poisoned { .. })
     ));
     // The registration outlives the communicator that made it.
     drop(b);
