@@ -192,7 +192,7 @@ impl Comm {
     }
 
     /// The same collective, in place, on one buffer per rank laid out as
-    /// NCCL's in-place calls are (see [`Call::in_place`](crate::Call::in_place)).
+    /// NCCL's in-place calls are (see [`CallBuffers::in_place`](crate::CallBuffers::in_place)).
     pub fn in_place<T: CollType>(
         &mut self,
         bufs: &mut [CudaSlice<T>],
