@@ -457,22 +457,30 @@ fn chunks_at_the_end_of_the_u64_range() {
     }
 }
 
-/// The last loop of a channel that ends at u64::MAX, with a remainder so
-/// small that `loop start + (n−1)·chunk` overflows before clamping: its
-/// chunks still tile the remainder exactly.
-#[test]
-fn last_loop_at_the_top_of_the_u64_range() {
-    let n = 3u32;
+/// An AllReduce on `n` ranks whose channel 1 ends at u64::MAX, in two
+/// loops: the first takes `n·c` elements, the second the `r` (5..5+n) left
+/// over, so small that `loop start + (n−1)·chunk` overflows. Returns the
+/// plan, channel 1's range and `r`.
+fn two_loops_at_the_top(n: u32) -> (Plan, std::ops::Range<u64>, u64) {
     let probe = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, 16).unwrap();
     let range = probe.channel_range(ChannelId(1)).unwrap();
     let len = range.end - range.start;
-    // Two loops: the first takes n·c elements, the second the r left over.
     let r = (5..5 + u64::from(n))
         .find(|r| (len - r).is_multiple_of(u64::from(n)))
         .unwrap();
     let c = (len - r) / u64::from(n);
     let p = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, c).unwrap();
     assert_eq!(p.loops(ChannelId(1)).unwrap(), 2);
+    (p, range, r)
+}
+
+/// The last loop of a channel that ends at u64::MAX, with a remainder so
+/// small that `loop start + (n−1)·chunk` overflows before clamping: its
+/// chunks still tile the remainder exactly.
+#[test]
+fn last_loop_at_the_top_of_the_u64_range() {
+    let n = 3u32;
+    let (p, range, r) = two_loops_at_the_top(n);
     let spl = p.steps_per_loop() as usize;
     let mut last: Vec<(u64, u64)> = p
         .steps(ChannelId(1), Rank(0), ringcc_core::InOrderRing { ranks: n })
@@ -497,16 +505,7 @@ fn last_loop_at_the_top_of_the_u64_range() {
 #[test]
 fn the_table_holds_where_offsets_reach_the_top_of_the_u64_range() {
     for n in [2u32, 3, 4, 7] {
-        let probe = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, 16).unwrap();
-        let range = probe.channel_range(ChannelId(1)).unwrap();
-        let len = range.end - range.start;
-        // Two loops: the first takes n·c elements, the second r < 2n.
-        let r = (5..5 + u64::from(n))
-            .find(|r| (len - r).is_multiple_of(u64::from(n)))
-            .unwrap();
-        let c = (len - r) / u64::from(n);
-        let p = Plan::new(Collective::AllReduce, u64::MAX, DataType::U8, n, 2, c).unwrap();
-        assert_eq!(p.loops(ChannelId(1)).unwrap(), 2);
+        let (p, _, _) = two_loops_at_the_top(n);
         let spl = p.steps_per_loop() as usize;
         for rank in 0..n {
             let steps: Vec<Step> = p
