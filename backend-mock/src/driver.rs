@@ -8,6 +8,7 @@
 //! `head` from the counter.
 
 use ringcc_core::prim::Exec;
+use ringcc_core::protocol::{Kind, WrId};
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::post::{
     credit_write, decode_credit, tail_from_completion, LocalBuf, RemoteCounter, RemoteFifo,
@@ -111,8 +112,13 @@ impl Sim {
             qpa.modify_rts(pa).map_err(setup_err)?;
             qpb.modify_rts(pb).map_err(setup_err)?;
             for i in 0..u64::from(rq) {
-                qpa.post_recv(i).map_err(setup_err)?;
-                qpb.post_recv(i).map_err(setup_err)?;
+                // The core's ids, as verbs posts them: the sender's queue
+                // pair receives credits, the receiver's slices.
+                let ch = t.channel as u8;
+                qpa.post_recv(WrId::new(Kind::CreditRecv, ch, i as u32).encode())
+                    .map_err(setup_err)?;
+                qpb.post_recv(WrId::new(Kind::TailRecv, ch, i as u32).encode())
+                    .map_err(setup_err)?;
             }
             self.nic.qps.push(qpa);
             self.nic.qps.push(qpb);
@@ -160,7 +166,7 @@ impl Sim {
             capacity: CALL_HEADER_LEN as u64,
         };
         let dtype = self.run.calls[t.rank as usize].dtype;
-        let wr_id = span.step << 1;
+        let wr_id = WrId::new(Kind::Data, t.channel as u8, span.end() as u32).encode();
         let writes = SliceWrites::<1>::new(e, &g, dtype, local, &fifo, &mailbox, wr_id).map_err(
             |source| Error::Wire {
                 rank: t.rank,
@@ -190,13 +196,17 @@ impl Sim {
             addr: Memory::va(t.prev, pm.counter),
             rkey: Rkey(pm.counter_key),
         };
-        let wr =
-            credit_write::<1>(head, &counter, (head << 1) | 1).map_err(|source| Error::Wire {
-                rank: t.rank,
-                channel: t.channel,
-                call: "credit_write",
-                source,
-            })?;
+        let wr = credit_write::<1>(
+            head,
+            &counter,
+            WrId::new(Kind::Credit, t.channel as u8, head as u32).encode(),
+        )
+        .map_err(|source| Error::Wire {
+            rank: t.rank,
+            channel: t.channel,
+            call: "credit_write",
+            source,
+        })?;
         self.nic.qps[pm.qp_rx as usize]
             .post_send(&wr)
             .map_err(|e| post_error(t.rank, t.channel, e))?;

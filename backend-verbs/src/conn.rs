@@ -21,7 +21,7 @@ use crate::ib::cq::EventCqs;
 use crate::ib::mem::HostBuf;
 use crate::ib::nic::Nic;
 use crate::ib::qp::{Init, Qp, QpAddr, Reset, Rts, Transport, RQ_DEPTH};
-use crate::wrid::{Kind, WrId};
+use ringcc_core::protocol::{Kind, WrId};
 
 /// The description of a sending end, for the successor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -27,7 +27,7 @@ use crate::ib::cq::{status_name, wait_any, EventCqs};
 use crate::ib::mem::UserMr;
 use crate::ib::nic::Nic;
 use crate::rendezvous::AbortState;
-use crate::wrid::{Kind, WrId};
+use ringcc_core::protocol::{Kind, WrId};
 
 /// The longest single sleep on completion events (the abort flag is
 /// checked between sleeps).

@@ -27,7 +27,7 @@ use crate::engine::{CallCtx, Engine};
 use crate::error::{Error, Result};
 use crate::ib::qp::SQ_DEPTH;
 use crate::rendezvous::AbortState;
-use crate::wrid::{Kind, WrId};
+use ringcc_core::protocol::{Kind, WrId};
 
 /// Most requests one slice posts: the call header and one write.
 const SLICE_REQUESTS: u32 = 2;

@@ -45,7 +45,6 @@ mod ib;
 pub mod launch;
 pub mod rendezvous;
 mod setup;
-mod wrid;
 
 pub use comm::{AbortHandle, Call, Communicator, Registered};
 pub use config::{Config, Fault};

@@ -71,6 +71,7 @@ pub mod fifo;
 pub mod id;
 pub mod plan;
 pub mod prim;
+pub mod protocol;
 pub mod reduce;
 pub mod rng;
 pub mod sync;

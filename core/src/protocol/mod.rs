@@ -1,4 +1,7 @@
-//! What a work request id says: which connection and what for.
+//! The connection protocol between neighbours over RDMA: what a work
+//! request id says — which channel and what for — written once for every
+//! transport that posts work requests (the verbs backend, the simulator's
+//! RNICs, firmware).
 //!
 //! ```text
 //! bits 56..64  kind
@@ -8,7 +11,8 @@
 
 /// What a request (or a posted receive) is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Kind {
     /// A slice's writes to the successor.
     Data = 1,
     /// A credit return to the predecessor.
@@ -31,23 +35,30 @@ impl Kind {
     }
 }
 
+/// A work request id: kind, channel and a step's low half in one `u64`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct WrId {
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct WrId {
+    /// What the request is for.
     pub kind: Kind,
+    /// The channel of its connection.
     pub channel: u8,
+    /// The low 32 bits of a step: a slice's end, a credit's head.
     pub low: u32,
 }
 
 impl WrId {
+    /// An id.
     pub const fn new(kind: Kind, channel: u8, low: u32) -> WrId {
         WrId { kind, channel, low }
     }
 
+    /// The id as the `wr_id` of a work request or receive.
     pub const fn encode(self) -> u64 {
         ((self.kind as u64) << 56) | ((self.channel as u64) << 48) | self.low as u64
     }
 
-    /// `None` for an id this crate did not make.
+    /// `None` for an id [`encode`](WrId::encode) did not make.
     pub const fn decode(v: u64) -> Option<WrId> {
         let kind = match v >> 56 {
             1 => Kind::Data,
