@@ -8,13 +8,13 @@
 //! `head` from the counter.
 
 use ringcc_core::prim::Exec;
-use ringcc_core::protocol::{Kind, WrId};
+use ringcc_core::protocol::{arrival, Kind, WrId};
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::post::{
-    credit_write, decode_credit, tail_from_completion, LocalBuf, RemoteCounter, RemoteFifo,
-    RemoteHeader, SliceWrites, CREDIT_LEN,
+    credit_write, decode_credit, LocalBuf, RemoteCounter, RemoteFifo, RemoteHeader, SliceWrites,
+    CREDIT_LEN,
 };
-use ringcc_core::wire::{CallHeader, CallHeaderRepr, Completion, Lkey, Psn, Qpn, Rkey, WcOpcode};
+use ringcc_core::wire::{Completion, Lkey, Psn, Qpn, Rkey, WcOpcode};
 
 use crate::error::Error;
 use crate::fabric::Hop;
@@ -256,21 +256,14 @@ impl Sim {
         let m = self.cold[l as usize].mem;
         match role {
             Role::Receiver => {
-                let lane = &mut self.cold[l as usize];
-                let Some(tail) = tail_from_completion(&wc, lane.recv_tail) else {
+                let Some(imm) = wc.imm.filter(|_| wc.is_ok()) else {
                     return;
                 };
-                lane.recv_tail = tail;
-                // The mailbox holds a new header when its step is this
-                // slice's first step.
-                let step = tail.saturating_sub(self.cfg.geometry.slots_per_slice());
-                let bytes = self.mem.read(t.rank, m.mailbox, CALL_HEADER_LEN);
-                let header = CallHeader::new_checked(bytes)
-                    .and_then(|h| CallHeaderRepr::parse(&h))
-                    .ok()
-                    .filter(|h| h.step == step as u32)
-                    .map(|h| (step, h.desc));
-                self.deliver_tail(l, header, tail);
+                let sps = self.cfg.geometry.slots_per_slice();
+                let mailbox = self.mem.read(t.rank, m.mailbox, CALL_HEADER_LEN);
+                let a = arrival(imm, self.cold[l as usize].recv_tail, sps, mailbox);
+                self.cold[l as usize].recv_tail = a.tail;
+                self.deliver_tail(l, a.header, a.tail);
             }
             Role::Sender => {
                 let bytes = self.mem.read(t.rank, m.counter, CREDIT_LEN);

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::topology::RingOrder;
-use ringcc_core::wire::call_header::{CallHeader, CALL_HEADER_LEN};
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::post::{decode_credit, widen_step};
-use ringcc_core::wire::{CallHeaderRepr, Completion};
+use ringcc_core::wire::Completion;
 use ringcc_core::{Action, CallDesc, LinkState, Machine};
 use tracing::{debug, trace};
 
@@ -27,7 +27,7 @@ use crate::ib::cq::{status_name, wait_any, EventCqs};
 use crate::ib::mem::UserMr;
 use crate::ib::nic::Nic;
 use crate::rendezvous::AbortState;
-use ringcc_core::protocol::{Kind, WrId};
+use ringcc_core::protocol::{arrival, Kind, WrId};
 
 /// The longest single sleep on completion events (the abort flag is
 /// checked between sleeps).
@@ -251,20 +251,15 @@ impl Engine {
                 check(wc, id.kind, c, r.peer)?;
                 r.qp.post_recvs([wc.wr_id])?;
                 let imm = wc.imm.ok_or_else(|| no_imm(c, r.peer))?;
-                let end = widen_step(imm, r.tail);
-                r.tail = end;
-                let step = end.saturating_sub(sps);
-                // The mailbox holds the header of the collective's first
-                // slice; it is new when its step is this slice's step.
                 let hdr: [u8; CALL_HEADER_LEN] = r.mailbox.read_array(0).unwrap_or([0; 32]);
-                if let Ok(h) = CallHeaderRepr::parse(&CallHeader::new_unchecked(&hdr[..])) {
-                    if h.step == step as u32 {
-                        debug!(channel = c, step, call = %h.desc, "call header");
-                        m.handle_header(step, h.desc)
-                            .map_err(Error::core("Machine::handle_header"))?;
-                    }
+                let a = arrival(imm, r.tail, sps, &hdr);
+                r.tail = a.tail;
+                if let Some((step, desc)) = a.header {
+                    debug!(channel = c, step, call = %desc, "call header");
+                    m.handle_header(step, desc)
+                        .map_err(Error::core("Machine::handle_header"))?;
                 }
-                m.handle_tail(end)
+                m.handle_tail(a.tail)
                     .map_err(Error::core("Machine::handle_tail"))?;
             }
             Kind::CreditRecv => {

@@ -78,6 +78,32 @@ impl WrId {
     }
 }
 
+/// What a slice's receive completion tells the receiver: its new `tail`,
+/// and the call header its mailbox holds when that header belongs to
+/// this slice (a header arrives with the first slice of each call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    /// The new `tail`: the immediate widened against the last one known.
+    pub tail: u64,
+    /// `(step, call)` where the mailbox's header is this slice's.
+    pub header: Option<(u64, crate::CallDesc)>,
+}
+
+/// Decodes a slice's arrival: the WRITE_WITH_IMM's immediate (the low half
+/// of the slice's end step), the tail the receiver knew, the FIFO's
+/// slots per slice and the mailbox's bytes. A mailbox that holds no valid
+/// header, or the header of an earlier slice, gives no header.
+pub fn arrival(imm: u32, last_tail: u64, slots_per_slice: u64, mailbox: &[u8]) -> Arrival {
+    let tail = crate::wire::post::widen_step(imm, last_tail);
+    let step = tail.saturating_sub(slots_per_slice);
+    let header = crate::wire::CallHeader::new_checked(mailbox)
+        .and_then(|h| crate::wire::CallHeaderRepr::parse(&h))
+        .ok()
+        .filter(|h| u64::from(h.step) == step & 0xffff_ffff)
+        .map(|h| (step, h.desc));
+    Arrival { tail, header }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +118,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_arrival_carries_its_own_header_only() {
+        use crate::wire::CallHeaderRepr;
+        use crate::{CallDesc, Collective, DataType, ReduceOp};
+        let desc = CallDesc::new(3, Collective::AllReduce, 9, DataType::F32, ReduceOp::Sum);
+        let mut mailbox = [0u8; crate::wire::call_header::CALL_HEADER_LEN];
+        let repr = CallHeaderRepr { desc, step: 4 };
+        repr.emit(&mut mailbox).unwrap();
+        // The slice of steps 4..6 (2 slots per slice) ends at 6.
+        let a = arrival(6, 4, 2, &mailbox);
+        assert_eq!(
+            a,
+            Arrival {
+                tail: 6,
+                header: Some((4, desc))
+            }
+        );
+        // A later slice: the same mailbox is an old header.
+        assert_eq!(arrival(8, 6, 2, &mailbox).header, None);
+        // The immediate's low half widens across 2^32.
+        assert_eq!(arrival(2, 0xffff_fffe, 2, &mailbox).tail, 0x1_0000_0002);
+        // No header at all, or garbage.
+        assert_eq!(arrival(6, 4, 2, &[0u8; 3]).header, None);
     }
 
     #[test]
