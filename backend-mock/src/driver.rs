@@ -8,12 +8,12 @@
 //! `head` from the counter.
 
 use ringcc_core::prim::Exec;
-use ringcc_core::protocol::{arrival, Kind, WrId};
-use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::wire::post::{
+use ringcc_core::protocol::post::{
     credit_write, decode_credit, LocalBuf, RemoteCounter, RemoteFifo, RemoteHeader, SliceWrites,
     CREDIT_LEN,
 };
+use ringcc_core::protocol::{arrival, Kind, WrId};
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::{Completion, Lkey, Psn, Qpn, Rkey, WcOpcode};
 
 use crate::error::Error;

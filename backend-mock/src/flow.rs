@@ -16,8 +16,8 @@
 //! timeouts, as the packet model's would.
 
 use ringcc_core::prim::Exec;
+use ringcc_core::protocol::post::CREDIT_LEN;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::wire::post::CREDIT_LEN;
 use ringcc_core::wire::WcStatus;
 
 use crate::engine::{ps, Ev, Ps, NONE};

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use ringcc_core::fifo::can_send;
 use ringcc_core::prim::{Action, LinkState, Machine};
-use ringcc_core::wire::post::widen_step;
+use ringcc_core::protocol::post::widen_step;
 use ringcc_core::CallDesc;
 
 use crate::engine::{Ev, Ps};

@@ -15,7 +15,7 @@
 //! - **RNICs** between nodes: RC queue pairs (RESET → INIT → RTR → RTS)
 //!   with send, receive and completion queues, memory regions with keys,
 //!   bounds and access flags; a finished slice becomes work requests
-//!   (`wire::post::SliceWrites`), mlx5 WQEs in the send queue, a doorbell,
+//!   (`protocol::post::SliceWrites`), mlx5 WQEs in the send queue, a doorbell,
 //!   fetch and parse, DMA read, MTU segmentation with PSNs, RoCEv2 frames
 //!   (Ethernet / IPv4 / UDP 4791 / BTH / RETH / ImmDt / ICRC) on a serial
 //!   port, the responder's PSN, key, bounds and access checks, DMA write,

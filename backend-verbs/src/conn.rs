@@ -9,8 +9,8 @@
 use std::collections::VecDeque;
 
 use ringcc_core::fifo::{FifoGeometry, STEPS};
+use ringcc_core::protocol::post::{RemoteCounter, RemoteFifo, RemoteHeader, CREDIT_LEN};
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::wire::post::{RemoteCounter, RemoteFifo, RemoteHeader, CREDIT_LEN};
 use ringcc_core::wire::Rkey;
 use serde::{Deserialize, Serialize};
 use sideway::ibverbs::AccessFlags;

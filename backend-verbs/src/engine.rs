@@ -14,9 +14,9 @@
 use std::time::{Duration, Instant};
 
 use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::protocol::post::{decode_credit, widen_step};
 use ringcc_core::topology::RingOrder;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::wire::post::{decode_credit, widen_step};
 use ringcc_core::wire::Completion;
 use ringcc_core::{Action, CallDesc, LinkState, Machine};
 use tracing::{debug, trace};

@@ -17,8 +17,8 @@
 //! is reused only once the write that read it (8 steps earlier) completed.
 
 use ringcc_core::prim::Exec;
+use ringcc_core::protocol::post::{credit_write, LocalBuf, SliceWrites};
 use ringcc_core::reduce::{finalize, reduce};
-use ringcc_core::wire::post::{credit_write, LocalBuf, SliceWrites};
 use ringcc_core::wire::{Lkey, WorkRequest};
 use ringcc_core::Primitive;
 

@@ -13,7 +13,7 @@
 //! rkey and capacity at connect time. The sender reduces or copies a
 //! slice on the host with the core's kernels, then RDMA-WRITEs it into the
 //! successor's slot, the last write WRITE WITH IMMEDIATE carrying the new
-//! `tail` ([`ringcc_core::wire::post`] forms the requests and checks the
+//! `tail` ([`ringcc_core::protocol::post`] forms the requests and checks the
 //! capacity first). The receiver learns of the data from the completion,
 //! consumes it, and returns credit by writing its `head` into the
 //! sender's registered counter (also with an immediate, so that an idle

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::SlotSpan;
-use ringcc_core::wire::post::{
+use ringcc_core::protocol::post::{
     credit_write, decode_credit, tail_from_completion, widen_step, LocalBuf, RemoteCounter,
     RemoteFifo, RemoteHeader, SliceWrites,
 };

@@ -14,11 +14,11 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::Machine;
-use ringcc_core::wire::mlx5::{Wqe, WqeRepr};
-use ringcc_core::wire::post::{
+use ringcc_core::protocol::post::{
     credit_write, decode_credit, tail_from_completion, widen_step, LocalBuf, RemoteCounter,
     RemoteFifo, RemoteHeader, SliceWrites,
 };
+use ringcc_core::wire::mlx5::{Wqe, WqeRepr};
 use ringcc_core::wire::roce::{EthernetRepr, ImmDtRepr, Ipv4Repr, Opcode, RocePacketRepr, UdpRepr};
 use ringcc_core::wire::segment::{PathMtu, PsnChecker, PsnVerdict, Segmenter};
 use ringcc_core::wire::{

@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::SlotSpan;
-use ringcc_core::wire::post::{LocalBuf, RemoteFifo, RemoteHeader, SliceWrites};
+use ringcc_core::protocol::post::{LocalBuf, RemoteFifo, RemoteHeader, SliceWrites};
 use ringcc_core::wire::{Lkey, Rkey, SendFlags, WrOpcode};
 use ringcc_core::{CallDesc, ChunkId, Collective, DataType, Exec, Primitive, ReduceOp};
 

@@ -9,6 +9,8 @@
 //! bits  0..32  low 32 bits of a step (data: the slice's end)
 //! ```
 
+pub mod post;
+
 /// What a request (or a posted receive) is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -94,7 +96,7 @@ pub struct Arrival {
 /// slots per slice and the mailbox's bytes. A mailbox that holds no valid
 /// header, or the header of an earlier slice, gives no header.
 pub fn arrival(imm: u32, last_tail: u64, slots_per_slice: u64, mailbox: &[u8]) -> Arrival {
-    let tail = crate::wire::post::widen_step(imm, last_tail);
+    let tail = post::widen_step(imm, last_tail);
     let step = tail.saturating_sub(slots_per_slice);
     let header = crate::wire::CallHeader::new_checked(mailbox)
         .and_then(|h| crate::wire::CallHeaderRepr::parse(&h))

@@ -135,7 +135,7 @@ pub struct CallHeaderRepr {
     /// The call.
     pub desc: CallDesc,
     /// Low 32 bits of the FIFO step whose data the header precedes (widen
-    /// it with [`widen_step`](super::post::widen_step)).
+    /// it with [`widen_step`](crate::protocol::post::widen_step)).
     pub step: u32,
 }
 

@@ -18,10 +18,11 @@
 //!   whole-packet builder/parser.
 //! - [`segment`]: an RDMA WRITE (or SEND) cut into MTU-sized packets with
 //!   consecutive PSNs, and the responder's PSN check for go-back-N.
-//! - [`post`]: a plan step of the [`Machine`](crate::prim::Machine) turned
-//!   into the work requests that carry it — call header, data, the
-//!   step-publishing immediate, the credit return — with the receiver's
-//!   advertised capacity enforced before anything is formatted.
+//!
+//! These are byte formats only: turning a plan step into the work
+//! requests that carry it is the connection protocol's
+//! ([`crate::protocol::post`]), which imports from here, never the other
+//! way round.
 //!
 //! Small values with a meaning ([`Psn`], [`Qpn`], [`Lkey`], [`Rkey`]) are
 //! newtypes.
@@ -84,7 +85,6 @@ macro_rules! code_enum {
 mod bytes;
 pub mod call_header;
 pub mod mlx5;
-pub mod post;
 pub mod roce;
 pub mod segment;
 mod types;

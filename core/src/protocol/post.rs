@@ -32,10 +32,12 @@ use crate::fifo::{FifoGeometry, STEPS};
 use crate::prim::Exec;
 use crate::reduce::DataType;
 
-use super::call_header::{CallHeaderRepr, CALL_HEADER_LEN};
-use super::types::{Lkey, RemoteAddr, Rkey, Sge};
-use super::verbs::{InlineData, Payload, SendFlags, WcOpcode, WorkRequest, WrOpcode, MAX_MESSAGE};
-use super::{Completion, Error};
+use crate::wire::call_header::{CallHeaderRepr, CALL_HEADER_LEN};
+use crate::wire::verbs::{
+    InlineData, Payload, SendFlags, WcOpcode, WorkRequest, WrOpcode, MAX_MESSAGE,
+};
+use crate::wire::{Completion, Error};
+use crate::wire::{Lkey, RemoteAddr, Rkey, Sge};
 
 /// Where the slice's bytes are in local, registered memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
