@@ -1,10 +1,166 @@
 //! One collective call, as every rank makes it: the type every backend,
 //! the simulator and the command take (NCCL's `(sendbuff, recvbuff,
-//! count, datatype, op, root)` without the buffers).
+//! count, datatype, op, root)` without the buffers), the [`Collective`]
+//! it names and the sequence-numbered [`CallDesc`] the ranks compare. They
+//! sit below the plan, so that the call header's byte format (`wire`)
+//! depends on them and not on the schedule.
 
 use crate::error::Error;
-use crate::plan::{CallDesc, Collective, Plan};
+use crate::id::Rank;
+use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp};
+
+/// The collective operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Collective {
+    /// Every rank ends with the reduction of all inputs.
+    AllReduce,
+    /// Rank `b` ends with block `b` of the reduction.
+    ReduceScatter,
+    /// Every rank ends with every rank's input, block by block.
+    AllGather,
+    /// Every rank ends with the root's input.
+    Broadcast {
+        /// The rank whose input is broadcast.
+        root: Rank,
+    },
+    /// The root ends with the reduction of all inputs.
+    Reduce {
+        /// The rank that receives the result.
+        root: Rank,
+    },
+}
+
+impl Collective {
+    /// The lower-case name nccl-tests uses (`allreduce`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "allreduce",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::AllGather => "allgather",
+            Collective::Broadcast { .. } => "broadcast",
+            Collective::Reduce { .. } => "reduce",
+        }
+    }
+
+    /// The root, for the rooted collectives.
+    pub const fn root(self) -> Option<Rank> {
+        match self {
+            Collective::Broadcast { root } | Collective::Reduce { root } => Some(root),
+            _ => None,
+        }
+    }
+
+    /// Whether the collective combines data with a [`ReduceOp`].
+    pub const fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. }
+        )
+    }
+
+    /// A code for the wire: 0..=4 in declaration order.
+    pub const fn code(self) -> u8 {
+        match self {
+            Collective::AllReduce => 0,
+            Collective::ReduceScatter => 1,
+            Collective::AllGather => 2,
+            Collective::Broadcast { .. } => 3,
+            Collective::Reduce { .. } => 4,
+        }
+    }
+
+    /// The inverse of [`Collective::code`], with the root for rooted ones.
+    pub const fn from_code(code: u8, root: Rank) -> Result<Collective, Error> {
+        Ok(match code {
+            0 => Collective::AllReduce,
+            1 => Collective::ReduceScatter,
+            2 => Collective::AllGather,
+            3 => Collective::Broadcast { root },
+            4 => Collective::Reduce { root },
+            c => return Err(Error::UnknownCode(c)),
+        })
+    }
+
+    /// nccl-tests' bus-bandwidth factor: `busbw = algbw · factor`.
+    pub fn bus_factor(self, ranks: u32) -> f64 {
+        let n = f64::from(ranks.max(1));
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } => 1.0,
+        }
+    }
+}
+
+impl core::fmt::Display for Collective {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.root() {
+            Some(root) => write!(f, "{}(root {})", self.name(), root),
+            None => f.write_str(self.name()),
+        }
+    }
+}
+
+/// Everything that must agree across ranks for one collective call: the
+/// fingerprint that travels at the head of every connection's first message
+/// and is compared by the receiver.
+///
+/// The operation of a collective that does not reduce (AllGather,
+/// Broadcast) is normalized to `Sum`, since a different one is harmless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct CallDesc {
+    /// The communicator's call sequence number (0 for the first call).
+    pub seq: u64,
+    /// The collective and its root.
+    pub collective: Collective,
+    /// Element count, as passed by the user.
+    pub count: u64,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction operation.
+    pub op: ReduceOp,
+}
+
+impl CallDesc {
+    /// Describes a call, normalizing what does not matter.
+    pub const fn new(
+        seq: u64,
+        collective: Collective,
+        count: u64,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> CallDesc {
+        let op = if collective.reduces() {
+            op
+        } else {
+            ReduceOp::Sum
+        };
+        CallDesc {
+            seq,
+            collective,
+            count,
+            dtype,
+            op,
+        }
+    }
+}
+
+impl core::fmt::Display for CallDesc {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "#{} {} count={} {}",
+            self.seq, self.collective, self.count, self.dtype
+        )?;
+        if self.collective.reduces() {
+            write!(f, " {}", self.op)?;
+        }
+        Ok(())
+    }
+}
 
 /// One rank's collective call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -47,12 +203,12 @@ impl Call {
     }
 
     /// A Broadcast from `root`.
-    pub const fn broadcast(count: u64, dtype: DataType, root: crate::Rank) -> Call {
+    pub const fn broadcast(count: u64, dtype: DataType, root: Rank) -> Call {
         Call::new(Collective::Broadcast { root }, count, dtype, ReduceOp::Sum)
     }
 
     /// A Reduce to `root`.
-    pub const fn reduce(count: u64, dtype: DataType, op: ReduceOp, root: crate::Rank) -> Call {
+    pub const fn reduce(count: u64, dtype: DataType, op: ReduceOp, root: Rank) -> Call {
         Call::new(Collective::Reduce { root }, count, dtype, op)
     }
 
@@ -113,7 +269,6 @@ impl From<CallDesc> for Call {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Rank;
 
     #[test]
     fn buffers_follow_nccl_layouts_and_saturate() {

@@ -17,8 +17,8 @@
 //!
 //! All integers are big-endian.
 
+use crate::call::{CallDesc, Collective};
 use crate::id::Rank;
-use crate::plan::{CallDesc, Collective};
 use crate::reduce::{DataType, ReduceOp};
 
 use super::bytes;
