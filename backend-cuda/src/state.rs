@@ -2,7 +2,7 @@
 //! layout, every connection's counters, the call sequence number, and
 //! whether a failed call poisoned it.
 
-use ringcc_core::{CallDesc, Collective, LinkState, Plan};
+use ringcc_core::{CallDesc, LinkState, Plan};
 
 use crate::config::Config;
 use crate::engine::Engine;
@@ -46,29 +46,15 @@ impl CallBuffers for Call {
         Ok((plan.input_len() * e, plan.output_len() * e))
     }
 
-    /// As NCCL defines it: the same buffer for AllReduce, Broadcast and
-    /// Reduce; the output is block `rank` of the input for ReduceScatter;
-    /// the input is block `rank` of the output for AllGather.
+    /// As NCCL defines it ([`Call::in_place_offsets`]).
     fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan> {
         let (ib, ob) = self.bytes(ranks, config)?;
-        let block = self.count * u64::from(self.dtype.size());
-        let at = block * u64::from(rank);
-        Ok(match self.collective {
-            Collective::ReduceScatter => BufferPlan {
-                input: (0, ib),
-                output: (at, ob),
-                total: ib,
-            },
-            Collective::AllGather => BufferPlan {
-                input: (at, ib),
-                output: (0, ob),
-                total: ob,
-            },
-            _ => BufferPlan {
-                input: (0, ib),
-                output: (0, ob),
-                total: ib.max(ob),
-            },
+        let e = u64::from(self.dtype.size());
+        let (i, o) = self.in_place_offsets(rank);
+        Ok(BufferPlan {
+            input: (i.saturating_mul(e), ib),
+            output: (o.saturating_mul(e), ob),
+            total: ib.max(ob),
         })
     }
 }

@@ -1,7 +1,5 @@
 //! What a run takes (calls, buffers) and gives back (reports, statistics).
 
-use ringcc_core::Collective;
-
 use crate::error::Error;
 use crate::fabric::LinkKind;
 
@@ -22,14 +20,16 @@ pub(crate) struct BufLayout {
 impl BufLayout {
     pub fn new(call: &Call, ranks: u32, rank: u32, in_place: bool) -> BufLayout {
         let (input_len, output_len) = call.buffer_bytes(ranks);
-        let block = (call.count as usize)
-            .saturating_mul(call.elem())
-            .saturating_mul(rank as usize);
-        let (input_at, output_at) = match (in_place, call.collective) {
-            (false, _) => (0, 0),
-            (true, Collective::ReduceScatter) => (0, block),
-            (true, Collective::AllGather) => (block, 0),
-            (true, _) => (0, 0),
+        let bytes = |e: u64| {
+            usize::try_from(e)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(call.elem())
+        };
+        let (input_at, output_at) = if in_place {
+            let (i, o) = call.in_place_offsets(rank);
+            (bytes(i), bytes(o))
+        } else {
+            (0, 0)
         };
         BufLayout {
             input_at,

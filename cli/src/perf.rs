@@ -212,7 +212,8 @@ fn variants(a: &PerfArgs, collective: Collective) -> Vec<(DataType, ReduceOp)> {
 
 /// The run's plan: every size's call, and what the whole run will cost.
 struct Sweep {
-    cells: Vec<(Call, u64)>,
+    /// Each size's call, printed size and estimated seconds.
+    cells: Vec<(Call, u64, f64)>,
     estimate: Estimate,
 }
 
@@ -245,7 +246,7 @@ fn sweep(
             if worst.is_none_or(|(_, w)| e.bytes > w.bytes) {
                 worst = Some((size, e));
             }
-            cells.push((call, size));
+            cells.push((call, size, e.seconds));
         }
     }
     if let (Some(avail), Some((size, w))) = (available_memory(), worst) {
@@ -450,9 +451,9 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
     let mut cycle = 0u32;
     while cycles == 0 || cycle < cycles {
         cycle = cycle.saturating_add(1);
-        for (call, size) in &plan.cells {
+        for (call, size, seconds) in &plan.cells {
             let mut cells = Vec::new();
-            let cost = backend.estimate(call, u64::from(calls), checks > 0).seconds / 2.0;
+            let cost = seconds / 2.0;
             for in_place in [false, true] {
                 if let Some(d) = deadline {
                     if Instant::now() > d {

@@ -241,6 +241,21 @@ impl Call {
         (bytes(i), bytes(o))
     }
 
+    /// Where rank `rank`'s input and output start, in elements, in the one
+    /// buffer of an in-place call, as NCCL defines it: the same place for
+    /// AllReduce, Broadcast and Reduce; the output is block `rank` of the
+    /// input for ReduceScatter; the input is block `rank` of the output
+    /// for AllGather (saturating). The buffer holds
+    /// `max(input, output)` elements of [`buffer_elems`](Call::buffer_elems).
+    pub const fn in_place_offsets(&self, rank: u32) -> (u64, u64) {
+        let block = self.count.saturating_mul(rank as u64);
+        match self.collective {
+            Collective::ReduceScatter => (0, block),
+            Collective::AllGather => (block, 0),
+            _ => (0, 0),
+        }
+    }
+
     /// The descriptor of this call as the communicator's call `seq`: what
     /// the call header carries and the ranks compare.
     pub const fn desc(&self, seq: u64) -> CallDesc {
@@ -286,5 +301,8 @@ mod tests {
         assert_eq!(r.desc(5).seq, 5);
         assert!(r.plan(4, 1, 4096).is_ok());
         assert!(r.plan(0, 1, 4096).is_err());
+        assert_eq!(rs.in_place_offsets(3), (0, 30));
+        assert_eq!(ag.in_place_offsets(2), (20, 0));
+        assert_eq!(r.in_place_offsets(3), (0, 0));
     }
 }

@@ -12,7 +12,7 @@
 use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
 use ringcc_core::topology::{Ring, Topology};
-use ringcc_core::{CallDesc, ChannelId, Collective, Error, Plan, Primitive, Rank};
+use ringcc_core::{CallDesc, ChannelId, Error, Plan, Primitive, Rank, ReduceOp};
 
 /// Capacity of the executor's topologies.
 pub use ringcc_core::MAX_RANKS;
@@ -142,23 +142,12 @@ pub fn layout(plan: &Plan, rank: u32, in_place: bool) -> Layout {
             output: inb,
         };
     }
-    let block = plan.count() as usize * e * rank as usize;
-    match plan.collective() {
-        Collective::ReduceScatter => Layout {
-            len: inb,
-            input: 0,
-            output: block,
-        },
-        Collective::AllGather => Layout {
-            len: outb,
-            input: block,
-            output: 0,
-        },
-        _ => Layout {
-            len: inb.max(outb),
-            input: 0,
-            output: 0,
-        },
+    let call = Call::new(plan.collective(), plan.count(), plan.dtype(), ReduceOp::Sum);
+    let (i, o) = call.in_place_offsets(rank);
+    Layout {
+        len: inb.max(outb),
+        input: i as usize * e,
+        output: o as usize * e,
     }
 }
 
