@@ -4,17 +4,17 @@
 
 mod common;
 
-use common::{ringcc, rows, run, stderr, stdout};
+use common::{rows, run, stderr, stdout};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A usage error: exit 2, one clear line, no panic, no abort.
-fn refused(args: &[&str], want: &str) -> String {
-    let o = ringcc(args);
+fn refused(line: &str, want: &str) -> String {
+    let o = run(line);
     let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}{}", stdout(&o));
-    assert!(err.contains(want), "{args:?}: {err}");
+    assert_eq!(o.status.code(), Some(2), "{line}: {err}{}", stdout(&o));
+    assert!(err.contains(want), "{line}: {err}");
     assert!(
         !err.contains("panicked") && !err.contains("memory allocation"),
         "{err}"
@@ -25,27 +25,18 @@ fn refused(args: &[&str], want: &str) -> String {
 #[test]
 fn sizes_past_the_bound_are_refused_at_once() {
     let t = Instant::now();
-    refused(
-        &["perf", "allreduce", "-b", "18446744073709551615", "-c", "0"],
-        "1T",
-    );
-    refused(&["perf", "allreduce", "-e", "2T", "-c", "0"], "1T");
-    refused(&["perf", "allreduce", "-b", "1025G", "-e", "1025G"], "1T");
+    refused("perf allreduce -b 18446744073709551615 -c 0", "1T");
+    refused("perf allreduce -e 2T -c 0", "1T");
+    refused("perf allreduce -b 1025G -e 1025G", "1T");
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 #[test]
 fn iteration_counts_are_checked_arithmetic() {
     // Today: wraps to 0 calls, prints time 0.00, OK, rc 0.
-    refused(
-        &["perf", "allreduce", "-w", "4294967295", "-n", "1"],
-        "calls per size",
-    );
-    refused(
-        &["perf", "allreduce", "-n", "2147483648", "-m", "2"],
-        "calls per size",
-    );
-    refused(&["perf", "allreduce", "-m", "0"], "-m must be at least 1");
+    refused("perf allreduce -w 4294967295 -n 1", "calls per size");
+    refused("perf allreduce -n 2147483648 -m 2", "calls per size");
+    refused("perf allreduce -m 0", "-m must be at least 1");
 }
 
 #[test]
@@ -53,20 +44,7 @@ fn a_run_beyond_the_machines_memory_is_refused_with_what_it_needs() {
     // Today: `-b 100G -e 100G -n 1 -w 0` dies with SIGABRT (rc 134). 1T
     // is past any CI machine's memory, whatever its size.
     let err = refused(
-        &[
-            "perf",
-            "allreduce",
-            "-b",
-            "1T",
-            "-e",
-            "1T",
-            "-n",
-            "1",
-            "-w",
-            "0",
-            "--gpus-per-node",
-            "4",
-        ],
+        "perf allreduce -b 1T -e 1T -n 1 -w 0 --gpus-per-node 4",
         "of memory",
     );
     assert!(err.contains("-c 0"), "{err}");
@@ -100,44 +78,7 @@ fn every_nccl_tests_flag_is_accepted_and_said_once_in_the_header() {
     let dir = std::env::temp_dir().join(format!("ringcc-perf-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("perf.json");
-    let o = ringcc(&[
-        "perf",
-        "allreduce",
-        "-b",
-        "1K",
-        "-e",
-        "4K",
-        "-f",
-        "4",
-        "-t",
-        "1",
-        "-g",
-        "1",
-        "-c",
-        "2",
-        "-z",
-        "0",
-        "-a",
-        "1",
-        "-m",
-        "2",
-        "-G",
-        "1",
-        "-C",
-        "0",
-        "-N",
-        "2",
-        "-p",
-        "0",
-        "-T",
-        "600",
-        "-R",
-        "1",
-        "--gpus-per-node",
-        "4",
-        "-J",
-        json.to_str().unwrap(),
-    ]);
+    let o = run(&format!("perf allreduce -b 1K -e 4K -f 4 -t 1 -g 1 -c 2 -z 0 -a 1 -m 2 -G 1 -C 0 -N 2 -p 0 -T 600 -R 1 --gpus-per-node 4 -J {}", json.to_str().unwrap()));
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("agg iters: 2 validation: 1 graph: 1"), "{out}");
@@ -204,22 +145,10 @@ fn every_type_and_every_op() {
 #[test]
 fn aggregated_calls_report_the_time_per_call() {
     let cols = |m: &str| -> Vec<String> {
-        let o = ringcc(&[
-            "perf",
-            "allreduce",
-            "-b",
-            "1K",
-            "-e",
-            "16M",
-            "-f",
-            "16",
-            "--nodes",
-            "2",
-            "-c",
-            "0",
-            "-m",
-            m,
-        ]);
+        let o = run(&format!(
+            "perf allreduce -b 1K -e 16M -f 16 --nodes 2 -c 0 -m {}",
+            m
+        ));
         assert!(o.status.success(), "{}", stderr(&o));
         rows(&stdout(&o))
             .iter()
@@ -250,30 +179,7 @@ fn the_check_does_not_change_the_timing_table() {
         "reduce",
     ] {
         let table = |check: &str| -> Vec<Vec<String>> {
-            let o = ringcc(&[
-                "perf",
-                coll,
-                "-b",
-                "64K",
-                "-e",
-                "16M",
-                "-f",
-                "16",
-                "--nodes",
-                "2",
-                "--gpus-per-node",
-                "2",
-                "--nics-per-node",
-                "2",
-                "-n",
-                "2",
-                "-w",
-                "1",
-                "-c",
-                check,
-                "-r",
-                "1",
-            ]);
+            let o = run(&format!("perf {} -b 64K -e 16M -f 16 --nodes 2 --gpus-per-node 2 --nics-per-node 2 -n 2 -w 1 -c {} -r 1", coll, check));
             assert!(o.status.success(), "{coll}: {}", stderr(&o));
             rows(&stdout(&o))
                 .into_iter()
@@ -293,26 +199,10 @@ fn injected_corruption_is_counted_on_every_collective() {
         "broadcast",
         "reduce",
     ] {
-        let o = ringcc(&[
-            "perf",
-            coll,
-            "-b",
-            "8M",
-            "-e",
-            "8M",
-            "-n",
-            "1",
-            "-w",
-            "0",
-            "--nodes",
-            "2",
-            "--gpus-per-node",
-            "4",
-            "--inject-corruption",
-            "3",
-            "-r",
-            "2",
-        ]);
+        let o = run(&format!(
+            "perf {} -b 8M -e 8M -n 1 -w 0 --nodes 2 --gpus-per-node 4 --inject-corruption 3 -r 2",
+            coll
+        ));
         let out = stdout(&o);
         assert_eq!(o.status.code(), Some(1), "{coll}: {out}{}", stderr(&o));
         let r = &rows(&out)[0];
