@@ -34,9 +34,16 @@
 //!   in any order and counts wrong output elements (`#wrong`).
 //! - [`cost`] is the alpha-beta model (`latency + bytes / bandwidth`) and
 //!   nccl-tests' `algbw` / `busbw`.
-//! - `driver` (feature `embedded-hal`) runs a machine to completion for
-//!   firmware, polling a completion source with bounded waits through
-//!   `embedded_hal::delay::DelayNs`.
+//! - [`progress`] is the drive loop, written once: one rank's call over
+//!   all its channels ([`Engine`]): events in, actions out, time passed in,
+//!   sequence numbers, counters carried between calls, poisoning, the
+//!   deadline and a stall report. Every backend drives it.
+//! - [`protocol`] is the connection protocol over RDMA: which writes carry
+//!   a slice, how credit returns, how a completion becomes an event, the
+//!   work-request id codec.
+//! - `driver` (feature `embedded-hal`) is firmware's blocking loop over an
+//!   [`Engine`]: it polls a completion source and sleeps with bounded
+//!   waits through `embedded_hal::delay::DelayNs`.
 //!
 //! Every failure is a typed [`Error`]; no input makes this crate panic (its
 //! lints forbid indexing, unchecked arithmetic, `unwrap` and `panic!` outside
@@ -71,6 +78,7 @@ pub mod fifo;
 pub mod id;
 pub mod plan;
 pub mod prim;
+pub mod progress;
 pub mod protocol;
 pub mod reduce;
 pub mod rng;
@@ -83,6 +91,7 @@ pub use call::Call;
 pub use error::{Error, ProtocolViolation, Result};
 pub use id::{ChannelId, ChunkId, NicId, NodeId, Rank, RingIndex, SlotIndex};
 pub use plan::{CallDesc, Collective, Plan, Step};
-pub use prim::{Action, Exec, LinkState, Machine, Primitive};
+pub use prim::{Action, Blocked, Exec, LinkState, Machine, Primitive};
+pub use progress::{Engine, EngineError, Event, Stall};
 pub use reduce::{DataType, ReduceOp};
 pub use topology::{HopKind, InOrderRing, Ring, RingOrder, Topology, MAX_RANKS};

@@ -96,6 +96,53 @@ pub enum Action {
     Done,
 }
 
+/// What a machine waits for ([`Machine::blocked_on`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Blocked {
+    /// Nothing: polling may produce an action.
+    Ready,
+    /// Its own slice, handed to the backend, is not done yet.
+    Exec,
+    /// Data from the predecessor: its `tail` is `tail`, the next slice
+    /// needs `need`.
+    Data {
+        /// The predecessor's `tail` as last seen.
+        tail: u64,
+        /// The `tail` the next slice needs.
+        need: u64,
+    },
+    /// Credit from the successor: its `head` is `head`, the next slice (or,
+    /// after the last step, finishing) needs `need`.
+    Credit {
+        /// The successor's `head` as last seen.
+        head: u64,
+        /// The `head` needed.
+        need: u64,
+    },
+    /// Finished.
+    Done,
+    /// Failed.
+    Failed,
+}
+
+impl core::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Blocked::Ready => f.write_str("nothing (ready)"),
+            Blocked::Exec => f.write_str("its own slice to complete"),
+            Blocked::Data { tail, need } => {
+                write!(f, "data from its predecessor (tail {tail}, needs {need})")
+            }
+            Blocked::Credit { head, need } => {
+                write!(f, "credit from its successor (head {head}, needs {need})")
+            }
+            Blocked::Done => f.write_str("nothing (done)"),
+            Blocked::Failed => f.write_str("nothing (failed)"),
+        }
+    }
+}
+
 /// The connection counters a machine starts from and leaves behind. They
 /// persist across collectives on the same channel: take
 /// [`Machine::link`] from a finished machine into the next one.
@@ -322,6 +369,53 @@ impl<M: RingOrder> Machine<M> {
     #[inline]
     pub fn pending(&self) -> Option<Exec> {
         self.is_busy().then(|| self.exec())
+    }
+
+    /// What the machine waits for, as it stands after
+    /// [`poll_action`](Machine::poll_action) returned `Ok(None)`: its own
+    /// slice, data from the predecessor, or credit from the successor
+    /// (FIFO room, or — after its last step — its sends to be consumed).
+    /// [`Blocked::Ready`] when a poll may produce an action.
+    pub fn blocked_on(&self) -> Blocked {
+        match self.phase {
+            Phase::Failed => return Blocked::Failed,
+            Phase::Done => return Blocked::Done,
+            Phase::Busy => return Blocked::Exec,
+            Phase::Idle => {}
+        }
+        if self.credit_due {
+            return Blocked::Ready;
+        }
+        let sps = u64::from(self.slots_per_slice);
+        if !self.has_current {
+            if self.steps.remaining() > 0 {
+                return Blocked::Ready;
+            }
+            if self.send_head < self.send_next {
+                return Blocked::Credit {
+                    head: self.send_head,
+                    need: self.send_next,
+                };
+            }
+            return Blocked::Ready;
+        }
+        let p = self.current.primitive;
+        if p.contains(Primitive::RECV) && !can_recv(self.recv_tail, self.recv_next, sps) {
+            return Blocked::Data {
+                tail: self.recv_tail,
+                need: self.recv_next.saturating_add(sps),
+            };
+        }
+        if p.contains(Primitive::SEND) && !can_send(self.send_head, self.send_next, sps) {
+            return Blocked::Credit {
+                head: self.send_head,
+                need: self
+                    .send_next
+                    .saturating_add(sps)
+                    .saturating_sub(crate::fifo::STEPS),
+            };
+        }
+        Blocked::Ready
     }
 
     fn live(&self) -> Result<(), Error> {

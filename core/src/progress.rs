@@ -1,0 +1,665 @@
+//! The progress engine: one rank's call over all its channels — the drive
+//! loop, written once.
+//!
+//! A backend owns one [`Engine`] per rank and does three things only: it
+//! turns what its hardware reports into [`Event`]s ([`Engine::handle`]),
+//! carries out the [`Action`]s the engine hands out ([`Engine::poll`]), and
+//! waits — until its next completion or the engine's deadline
+//! ([`Engine::poll_timeout`], then [`Engine::handle_timeout`]). Everything
+//! else lives here: a [`Machine`] per channel (the only place one is
+//! created), sequence numbers, the connection counters carried from one
+//! call to the next, early call headers, poisoning after the first
+//! failure, the deadline, and the stall report that names rank, channel
+//! and what the channel waits for.
+//!
+//! Sans-IO in the quinn-proto sense: time is an opaque, monotonic `u64`
+//! the caller passes in (nanoseconds on hardware, picoseconds in the
+//! simulator: the engine only compares and adds). Storage is the caller's:
+//! `S` is anything that derefs to a slice of [`Channel`]s (an array for
+//! firmware, giving a const-generic capacity; a boxed slice on a host).
+//!
+//! ```text
+//! start(call, plan, …)          one Machine per channel, seq assigned
+//! loop {
+//!     while let Some((c, a)) = poll()?   carry out `a` on channel `c`
+//!     wait until an event or poll_timeout()
+//!     handle(now, c, event)? / handle_timeout(now)?
+//! }                              until poll() hands out the last Done
+//! ```
+
+use crate::call::Call;
+use crate::error::Error;
+use crate::fifo::{FifoGeometry, STEPS};
+use crate::id::{ChannelId, Rank};
+use crate::plan::{CallDesc, Plan};
+use crate::prim::{Action, Blocked, Exec, LinkState, Machine};
+use crate::topology::RingOrder;
+use crate::ProtocolViolation;
+
+/// The most channels one engine drives (the plan's limit).
+pub const MAX_CHANNELS: usize = crate::topology::MAX_CHANNELS as usize;
+
+/// What a transport reports for one channel of this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Event {
+    /// The exec last handed out on this channel is complete.
+    ExecDone,
+    /// The predecessor's `tail` moved to this value.
+    Tail(u64),
+    /// The predecessor's call header for the message at FIFO step `step`
+    /// (delivered no later than the `Tail` that covers `step`).
+    Header {
+        /// FIFO step the header precedes.
+        step: u64,
+        /// The predecessor's call.
+        desc: CallDesc,
+    },
+    /// The successor's `head` moved to this value (a value already known
+    /// is ignored: a counter read may show it twice).
+    Head(u64),
+}
+
+impl Exec {
+    /// What the successor must be told once this exec is done: the call
+    /// header (first slice of a call) and the new `tail`, in that order.
+    /// Empty for an exec that sends nothing. Transports that deliver
+    /// events themselves (memory, shared memory, a simulated link) feed
+    /// these to the successor's engine.
+    pub fn successor_events(&self) -> impl Iterator<Item = Event> {
+        let header = match (self.header, self.send) {
+            (Some(desc), Some(s)) => Some(Event::Header { step: s.step, desc }),
+            _ => None,
+        };
+        let tail = self.send.map(|s| Event::Tail(s.end()));
+        header.into_iter().chain(tail)
+    }
+}
+
+/// One channel's slot in an engine's storage: the current (or last)
+/// call's machine and the counters carried between calls.
+#[derive(Clone, Debug)]
+pub struct Channel<M> {
+    machine: Option<Machine<M>>,
+    link: LinkState,
+}
+
+impl<M> Default for Channel<M> {
+    fn default() -> Self {
+        Channel::new()
+    }
+}
+
+impl<M> Channel<M> {
+    /// An unused channel (counters at zero).
+    pub const fn new() -> Self {
+        Channel {
+            machine: None,
+            link: LinkState {
+                recv_tail: 0,
+                recv_next: 0,
+                send_head: 0,
+                send_next: 0,
+                early_header: None,
+            },
+        }
+    }
+
+    /// The channel's machine (the current call's, or the last one's).
+    pub fn machine(&self) -> Option<&Machine<M>> {
+        self.machine.as_ref()
+    }
+}
+
+impl<M: RingOrder> Channel<M> {
+    /// The connection counters: the machine's while it lives.
+    pub fn link(&self) -> LinkState {
+        self.machine.as_ref().map_or(self.link, Machine::link)
+    }
+
+    /// What the channel waits for ([`Blocked::Done`] without a call).
+    pub fn blocked_on(&self) -> Blocked {
+        self.machine
+            .as_ref()
+            .map_or(Blocked::Done, Machine::blocked_on)
+    }
+}
+
+/// Why a rank made no progress: the first channel still open, what it
+/// waits for, and for how long nothing happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Stall {
+    /// The rank.
+    pub rank: Rank,
+    /// The call's sequence number.
+    pub seq: u64,
+    /// The first channel not done.
+    pub channel: ChannelId,
+    /// What it waits for.
+    pub blocked: Blocked,
+    /// Channels not done.
+    pub open: u32,
+    /// Time without progress, in the caller's unit.
+    pub waited: u64,
+}
+
+impl core::fmt::Display for Stall {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "rank {} call {}: channel {} waits for {} ({} channel(s) open, nothing for {} ticks)",
+            self.rank.0, self.seq, self.channel.0, self.blocked, self.open, self.waited
+        )
+    }
+}
+
+/// Why the engine refused or failed. After any of these but
+/// [`Busy`](EngineError::Busy) and [`BadChannel`](EngineError::BadChannel)
+/// the engine is poisoned: every later call returns
+/// [`Poisoned`](EngineError::Poisoned), and [`Engine::failure`] says why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A channel's machine refused an event or failed (`during`: the
+    /// machine operation).
+    Machine {
+        /// The channel.
+        channel: ChannelId,
+        /// What the engine was doing (`"start"`, `"handle_tail"`, …).
+        during: &'static str,
+        /// The core error.
+        source: Error,
+    },
+    /// No progress before the deadline.
+    Timeout(Stall),
+    /// [`Engine::abort`] was called.
+    Aborted,
+    /// The engine failed earlier ([`Engine::failure`]).
+    Poisoned,
+    /// A call is running: [`Engine::start`] must wait for it.
+    Busy,
+    /// An event or a plan for a channel the engine does not have.
+    BadChannel {
+        /// The channel.
+        channel: u32,
+        /// Channels in the engine's storage.
+        capacity: u32,
+    },
+}
+
+impl EngineError {
+    /// The core error underneath, if any.
+    pub fn core(&self) -> Option<Error> {
+        match self {
+            EngineError::Machine { source, .. } => Some(*source),
+            _ => None,
+        }
+    }
+
+    /// The channel concerned, if one is.
+    pub fn channel(&self) -> Option<ChannelId> {
+        match self {
+            EngineError::Machine { channel, .. } => Some(*channel),
+            EngineError::Timeout(s) => Some(s.channel),
+            _ => None,
+        }
+    }
+}
+
+impl core::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            EngineError::Machine {
+                channel,
+                during,
+                source,
+            } => write!(f, "channel {} ({during}): {source}", channel.0),
+            EngineError::Timeout(s) => write!(f, "no progress: {s}"),
+            EngineError::Aborted => f.write_str("aborted"),
+            EngineError::Poisoned => f.write_str("the engine failed earlier"),
+            EngineError::Busy => f.write_str("a call is still running"),
+            EngineError::BadChannel { channel, capacity } => {
+                write!(f, "channel {channel} out of range (engine has {capacity})")
+            }
+        }
+    }
+}
+
+impl core::error::Error for EngineError {}
+
+/// One rank's progress engine over the channels in `S`.
+///
+/// See the [module documentation](self) for the loop a backend writes
+/// around it.
+#[derive(Clone, Debug)]
+pub struct Engine<M, S> {
+    channels: S,
+    rank: Rank,
+    /// Sequence number of the running call, or of the next one.
+    seq: u64,
+    /// The running call.
+    call: Option<CallDesc>,
+    /// Channels of the running call (the plan's).
+    used: u32,
+    /// Channels not yet `Done` (bit per channel).
+    open: u64,
+    /// Channels that may have an action (bit per channel).
+    dirty: u64,
+    /// Where `poll` looks first (the channel that acted last).
+    cursor: u32,
+    timeout: u64,
+    last_progress: u64,
+    failure: Option<EngineError>,
+    _ring: core::marker::PhantomData<fn() -> M>,
+}
+
+/// An engine whose storage is an array: a const-generic capacity, no
+/// allocation (firmware's shape).
+pub type ArrayEngine<M, const C: usize> = Engine<M, [Channel<M>; C]>;
+
+impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
+    /// An engine for `rank` over `channels` (all unused), giving up on a
+    /// call when nothing happens for `timeout` ticks. Capacity beyond
+    /// [`MAX_CHANNELS`] is never used.
+    pub fn new(rank: Rank, channels: S, timeout: u64) -> Self {
+        Engine {
+            channels,
+            rank,
+            seq: 0,
+            call: None,
+            used: 0,
+            open: 0,
+            dirty: 0,
+            cursor: 0,
+            timeout,
+            last_progress: 0,
+            failure: None,
+            _ring: core::marker::PhantomData,
+        }
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// The running call, if one is.
+    pub fn call(&self) -> Option<CallDesc> {
+        self.call
+    }
+
+    /// The sequence number of the running call, or of the next one.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Whether no call is running (the last one finished, or none began).
+    pub fn is_idle(&self) -> bool {
+        self.call.is_none()
+    }
+
+    /// The first failure, if the engine is poisoned.
+    pub fn failure(&self) -> Option<EngineError> {
+        self.failure
+    }
+
+    /// The deadline in ticks.
+    pub fn timeout(&self) -> u64 {
+        self.timeout
+    }
+
+    /// Sets the deadline (for the running call too).
+    pub fn set_timeout(&mut self, timeout: u64) {
+        self.timeout = timeout;
+    }
+
+    /// The channels' storage.
+    pub fn channels(&self) -> &[Channel<M>] {
+        self.channels.as_ref()
+    }
+
+    /// Channel `c`, if the storage has it.
+    pub fn channel(&self, c: ChannelId) -> Option<&Channel<M>> {
+        self.channels.as_ref().get(usize::from(c.0))
+    }
+
+    /// The connection counters of channel `c` (zero for one never used).
+    pub fn link(&self, c: ChannelId) -> LinkState {
+        self.channel(c).map(Channel::link).unwrap_or_default()
+    }
+
+    /// What channel `c` waits for ([`Blocked::Done`] when it is not part
+    /// of a running call).
+    pub fn blocked_on(&self, c: ChannelId) -> Blocked {
+        match self.channel(c) {
+            Some(ch) if self.open & bit(u32::from(c.0)) != 0 => ch.blocked_on(),
+            Some(ch) if ch.machine.as_ref().is_some_and(|m| m.error().is_some()) => Blocked::Failed,
+            _ => Blocked::Done,
+        }
+    }
+
+    /// The machine of channel `c` (the running call's or the last one's).
+    pub fn machine(&self, c: ChannelId) -> Option<&Machine<M>> {
+        self.channel(c).and_then(Channel::machine)
+    }
+
+    /// The outstanding exec of channel `c`, if one is.
+    pub fn pending(&self, c: ChannelId) -> Option<Exec> {
+        self.machine(c).and_then(Machine::pending)
+    }
+
+    fn check(&self) -> Result<(), EngineError> {
+        match self.failure {
+            Some(_) => Err(EngineError::Poisoned),
+            None => Ok(()),
+        }
+    }
+
+    #[cold]
+    fn poison(&mut self, e: EngineError) -> EngineError {
+        if self.failure.is_none() {
+            crate::log::warning!("ringcc: engine failed");
+            self.failure = Some(e);
+        }
+        e
+    }
+
+    /// Stops the running call (and every later one): what a backend does
+    /// when its transport failed or a peer asked to abort. The backend
+    /// keeps the cause; the engine answers [`EngineError::Poisoned`] from
+    /// now on, with [`EngineError::Aborted`] as its failure.
+    pub fn abort(&mut self) {
+        self.poison(EngineError::Aborted);
+    }
+
+    /// Starts `call` (the `plan` built for it on this rank) at time `now`:
+    /// one machine per channel of the plan, walking `ring(channel)`, from
+    /// the counters the previous call left. Returns the call's descriptor
+    /// (with its sequence number) — the header both neighbours check.
+    ///
+    /// A failure here (a plan that does not match the call, a geometry
+    /// the plan's chunks do not fit, an early header of the predecessor's
+    /// that differs from this call) poisons the engine.
+    pub fn start(
+        &mut self,
+        now: u64,
+        call: &Call,
+        plan: &Plan,
+        geometry: FifoGeometry,
+        mut ring: impl FnMut(ChannelId) -> M,
+    ) -> Result<CallDesc, EngineError> {
+        self.check()?;
+        if self.call.is_some() {
+            return Err(EngineError::Busy);
+        }
+        let used = plan.channels();
+        let capacity = self.capacity();
+        if used > capacity {
+            return Err(EngineError::BadChannel {
+                channel: used.saturating_sub(1),
+                capacity,
+            });
+        }
+        let desc = call.desc(self.seq);
+        let rank = self.rank;
+        for c in 0..used {
+            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
+            let fail = |during, source| EngineError::Machine {
+                channel: id,
+                during,
+                source,
+            };
+            let r = match self.channels.as_mut().get_mut(c as usize) {
+                Some(ch) => {
+                    let link = ch.link();
+                    plan.steps(id, rank, ring(id))
+                        .map_err(|e| fail("Plan::steps", e))
+                        .and_then(|steps| {
+                            Machine::new(desc, steps, geometry, link)
+                                .map_err(|e| fail("Machine::new", e))
+                        })
+                        .map(|m| {
+                            ch.link = link;
+                            ch.machine = Some(m);
+                        })
+                }
+                None => Err(EngineError::BadChannel {
+                    channel: c,
+                    capacity,
+                }),
+            };
+            if let Err(e) = r {
+                return Err(self.poison(e));
+            }
+        }
+        self.call = Some(desc);
+        self.used = used;
+        self.open = mask(used);
+        self.dirty = self.open;
+        self.cursor = 0;
+        self.last_progress = now;
+        Ok(desc)
+    }
+
+    fn capacity(&self) -> u32 {
+        u32::try_from(self.channels.as_ref().len())
+            .unwrap_or(u32::MAX)
+            .min(crate::topology::MAX_CHANNELS)
+    }
+
+    /// Feeds channel `c` what its transport reported at time `now`.
+    ///
+    /// Events may come for a channel whose machine is done, and between
+    /// calls: a faster predecessor's next header and data are kept for the
+    /// next call.
+    pub fn handle(&mut self, now: u64, c: ChannelId, event: Event) -> Result<(), EngineError> {
+        self.check()?;
+        let capacity = self.capacity();
+        let i = u32::from(c.0);
+        if i >= capacity {
+            return Err(EngineError::BadChannel {
+                channel: i,
+                capacity,
+            });
+        }
+        let Some(ch) = self.channels.as_mut().get_mut(i as usize) else {
+            return Err(EngineError::BadChannel {
+                channel: i,
+                capacity,
+            });
+        };
+        let r = match ch.machine.as_mut() {
+            Some(m) => match event {
+                Event::ExecDone => m.handle_exec_done().map_err(|e| ("handle_exec_done", e)),
+                Event::Tail(t) => m.handle_tail(t).map_err(|e| ("handle_tail", e)),
+                Event::Header { step, desc } => m
+                    .handle_header(step, desc)
+                    .map_err(|e| ("handle_header", e)),
+                Event::Head(h) if h <= m.send_head() => Ok(()),
+                Event::Head(h) => m.handle_head(h).map_err(|e| ("handle_head", e)),
+            },
+            None => idle_event(&mut ch.link, self.seq, event),
+        };
+        if let Err((during, source)) = r {
+            return Err(self.poison(EngineError::Machine {
+                channel: c,
+                during,
+                source,
+            }));
+        }
+        self.dirty |= bit(i) & self.open;
+        self.last_progress = now;
+        Ok(())
+    }
+
+    /// The next action: `(channel, action)` to carry out, or `None` when
+    /// every channel waits for an event (or no call runs). An
+    /// [`Action::Done`] is handed out once per channel; after the last
+    /// channel's the call is over ([`is_idle`](Engine::is_idle)) and the
+    /// next may start.
+    #[must_use = "actions must be carried out"]
+    pub fn poll(&mut self) -> Result<Option<(ChannelId, Action)>, EngineError> {
+        self.check()?;
+        while self.dirty != 0 {
+            let c = next_bit(self.dirty, self.cursor);
+            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
+            let polled = match self.channels.as_mut().get_mut(c as usize) {
+                Some(Channel {
+                    machine: Some(m), ..
+                }) => m.poll_action(),
+                _ => Ok(None),
+            };
+            match polled {
+                Ok(Some(action)) => {
+                    self.cursor = c;
+                    if action == Action::Done {
+                        self.dirty &= !bit(c);
+                        self.open &= !bit(c);
+                        if self.open == 0 {
+                            self.finish();
+                        }
+                    }
+                    return Ok(Some((id, action)));
+                }
+                Ok(None) => self.dirty &= !bit(c),
+                Err(source) => {
+                    return Err(self.poison(EngineError::Machine {
+                        channel: id,
+                        during: "poll_action",
+                        source,
+                    }))
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn finish(&mut self) {
+        self.call = None;
+        self.seq = self.seq.wrapping_add(1);
+        self.dirty = 0;
+    }
+
+    /// When [`handle_timeout`](Engine::handle_timeout) must be called if
+    /// nothing happens before: `None` without a running call.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        match (self.call, self.failure) {
+            (Some(_), None) => Some(self.last_progress.saturating_add(self.timeout)),
+            _ => None,
+        }
+    }
+
+    /// Time passed: at or past the deadline with a call still running,
+    /// the engine is poisoned with a [`Stall`] report.
+    pub fn handle_timeout(&mut self, now: u64) -> Result<(), EngineError> {
+        self.check()?;
+        match self.poll_timeout() {
+            Some(deadline) if now >= deadline => {
+                let stall = self.stall(now);
+                Err(self.poison(EngineError::Timeout(stall)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What the rank waits for at `now`: the first open channel that is
+    /// blocked (or the first open one).
+    pub fn stall(&self, now: u64) -> Stall {
+        let mut first = None;
+        for c in 0..self.used {
+            if self.open & bit(c) == 0 {
+                continue;
+            }
+            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
+            let b = self.blocked_on(id);
+            if first.is_none() || b != Blocked::Ready {
+                first = Some((id, b));
+                if b != Blocked::Ready {
+                    break;
+                }
+            }
+        }
+        let (channel, blocked) = first.unwrap_or((ChannelId(0), Blocked::Done));
+        Stall {
+            rank: self.rank,
+            seq: self.seq,
+            channel,
+            blocked,
+            open: self.open.count_ones(),
+            waited: now.saturating_sub(self.last_progress),
+        }
+    }
+}
+
+/// An event for a channel without a machine yet (never used): only the
+/// predecessor's first header and data may come early.
+fn idle_event(link: &mut LinkState, seq: u64, event: Event) -> Result<(), (&'static str, Error)> {
+    match event {
+        Event::Tail(t) if t < link.recv_tail => Err((
+            "handle_tail",
+            Error::Protocol(ProtocolViolation::TailBackwards),
+        )),
+        Event::Tail(t) if t > link.recv_next.saturating_add(STEPS) => {
+            Err(("handle_tail", Error::Protocol(ProtocolViolation::Overrun)))
+        }
+        Event::Tail(t) => {
+            link.recv_tail = t;
+            Ok(())
+        }
+        Event::Header { step, desc }
+            if desc.seq == seq && step == link.recv_next && link.early_header.is_none() =>
+        {
+            link.early_header = Some((step, desc));
+            Ok(())
+        }
+        Event::Header { .. } => Err((
+            "handle_header",
+            Error::Protocol(ProtocolViolation::UnexpectedHeader),
+        )),
+        Event::Head(h) if h <= link.send_head => Ok(()),
+        Event::Head(_) => Err(("handle_head", Error::Protocol(ProtocolViolation::HeadAhead))),
+        Event::ExecDone => Err(("handle_exec_done", Error::NoExecPending)),
+    }
+}
+
+const fn bit(c: u32) -> u64 {
+    match 1u64.checked_shl(c) {
+        Some(b) => b,
+        None => 0,
+    }
+}
+
+const fn mask(n: u32) -> u64 {
+    match 1u64.checked_shl(n) {
+        Some(b) => b.wrapping_sub(1),
+        None => u64::MAX,
+    }
+}
+
+/// The first set bit of `bits` at or after `from`, wrapping around
+/// (`bits` is not zero).
+fn next_bit(bits: u64, from: u32) -> u32 {
+    let high = bits & !mask(from);
+    if high != 0 {
+        high.trailing_zeros()
+    } else {
+        bits.trailing_zeros()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_bit_wraps() {
+        assert_eq!(next_bit(0b1010, 0), 1);
+        assert_eq!(next_bit(0b1010, 2), 3);
+        assert_eq!(next_bit(0b1010, 4), 1);
+        assert_eq!(next_bit(1 << 63, 63), 63);
+        assert_eq!(mask(64), u64::MAX);
+        assert_eq!(mask(0), 0);
+    }
+}
