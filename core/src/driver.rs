@@ -11,7 +11,8 @@ use embedded_hal::delay::DelayNs;
 
 use crate::id::ChannelId;
 use crate::prim::Action;
-use crate::progress::{Channel, Engine, EngineError, Event};
+pub use crate::progress::Event;
+use crate::progress::{Channel, Engine, EngineError};
 use crate::topology::RingOrder;
 
 /// The hardware side of one rank: carries out actions and reports what

@@ -155,8 +155,8 @@ impl core::fmt::Display for Stall {
 }
 
 /// Why the engine refused or failed. After any of these but
-/// [`Busy`](EngineError::Busy) and [`BadChannel`](EngineError::BadChannel)
-/// the engine is poisoned: every later call returns
+/// [`Busy`](EngineError::Busy), [`BadChannel`](EngineError::BadChannel)
+/// and a refused [`start`](Engine::start) the engine is poisoned: every later call returns
 /// [`Poisoned`](EngineError::Poisoned), and [`Engine::failure`] says why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -379,9 +379,10 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// the counters the previous call left. Returns the call's descriptor
     /// (with its sequence number) — the header both neighbours check.
     ///
-    /// A failure here (a plan that does not match the call, a geometry
-    /// the plan's chunks do not fit, an early header of the predecessor's
-    /// that differs from this call) poisons the engine.
+    /// A refusal (a plan that does not match the call, a geometry the
+    /// plan's chunks do not fit, too few channels) leaves the engine as it
+    /// was; an early header of the predecessor's that differs from this
+    /// call poisons it (the peers disagree).
     pub fn start(
         &mut self,
         now: u64,
@@ -431,7 +432,18 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
                 }),
             };
             if let Err(e) = r {
-                return Err(self.poison(e));
+                // Channels already given the new call's machine go back to
+                // their carried counters: a refused start loses nothing.
+                for ch in self.channels.as_mut().iter_mut().take(c as usize) {
+                    ch.machine = None;
+                }
+                // A predecessor's header that differs from this call is
+                // the peers' failure, not a refusal: it poisons.
+                let peer = matches!(
+                    e.core(),
+                    Some(Error::MismatchedCall { .. } | Error::Protocol(_))
+                );
+                return Err(if peer { self.poison(e) } else { e });
             }
         }
         self.call = Some(desc);
