@@ -1,9 +1,10 @@
 //! Failures and their propagation: a lane fails, its rank stops and
 //! broadcasts an abort over the control network; every rank that receives
-//! it fails; a rank dies; the watchdog enforces every lane's deadline.
+//! it fails; a rank dies; the watchdog enforces every rank engine's
+//! deadline.
 
-use crate::engine::{secs, Ev, Ps};
 use crate::error::Error;
+use crate::events::{secs, Ev, Ps};
 use crate::lane::LaneState;
 use crate::sim::{RankState, Sim};
 
@@ -36,6 +37,7 @@ impl Sim {
         lane.state = LaneState::Failed;
         self.run.finished += 1;
         let rank = self.fab.lanes[l as usize].rank;
+        self.engines[rank as usize].abort();
         let primary = !matches!(err, Error::Aborted { .. });
         if primary {
             tracing::debug!(%err, "lane failed");
@@ -63,7 +65,7 @@ impl Sim {
             for j in 0..self.fab.ranks {
                 if j != rank && self.ranks[j as usize].died.is_none() {
                     self.run.aborts_in_flight += 1;
-                    self.eng.after(
+                    self.events.after(
                         self.control,
                         Ev::Abort {
                             rank: j,
@@ -103,12 +105,13 @@ impl Sim {
     }
 
     pub(crate) fn on_death(&mut self, rank: u32) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let rs = &mut self.ranks[rank as usize];
         if rs.died.is_none() {
             tracing::debug!(rank, "rank died");
             rs.died = Some(now);
         }
+        self.engines[rank as usize].abort();
         for c in 0..self.fab.channels {
             let l = self.fab.lane(c, rank);
             if self.running(l) {
@@ -118,38 +121,35 @@ impl Sim {
         }
     }
 
+    /// Every rank's engine deadline (no progress for `deadline` on any of
+    /// its channels): a rank past it fails with the engine's stall report.
     pub(crate) fn on_watchdog(&mut self, epoch: u32) {
         if epoch != self.run.epoch || !self.run.active {
             return;
         }
-        let now = self.eng.now();
+        let now = self.events.now();
         let mut next: Option<Ps> = None;
-        for l in 0..self.lanes.len() as u32 {
-            if !self.running(l) {
+        for r in 0..self.fab.ranks {
+            let running = (0..self.fab.channels).any(|c| self.running(self.fab.lane(c, r)));
+            if !running {
                 continue;
             }
-            let lane = &self.lanes[l as usize];
-            let due = lane.last_progress.saturating_add(self.deadline);
-            if due <= now {
-                let t = self.fab.lanes[l as usize];
-                let busy = lane.machine.as_ref().is_some_and(|m| m.is_busy());
-                let err = Error::Timeout {
-                    rank: t.rank,
-                    channel: t.channel,
-                    waited: secs(now - lane.last_progress),
-                    waiting_for: if busy {
-                        "its own slice"
-                    } else {
-                        "data or credit from a neighbour"
-                    },
-                };
-                self.fail_lane(l, err);
-            } else {
-                next = Some(next.map_or(due, |n| n.min(due)));
+            let engine = &mut self.engines[r as usize];
+            match engine.handle_timeout(now) {
+                Ok(()) => {
+                    if let Some(due) = engine.poll_timeout() {
+                        next = Some(next.map_or(due, |n| n.min(due)));
+                    }
+                }
+                Err(e) => {
+                    let channel = e.channel().map_or(0, |c| u32::from(c.0));
+                    let err = self.engine_error(r, e);
+                    self.fail_lane(self.fab.lane(channel, r), err);
+                }
             }
         }
         if let Some(t) = next {
-            self.eng.at(t, Ev::Watchdog { epoch });
+            self.events.at(t, Ev::Watchdog { epoch });
         }
     }
 }

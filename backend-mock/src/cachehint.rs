@@ -31,6 +31,29 @@ pub(crate) fn prefetch<T>(v: &T, lines: usize) {
     }
 }
 
+/// [`prefetch`] of the `lines` cache lines at address `addr` (an address
+/// taken from a live value earlier: a hint, never dereferenced).
+#[inline(always)]
+pub(crate) fn prefetch_addr(addr: usize, lines: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = addr as *const i8;
+        for k in 0..lines {
+            // SAFETY: as in `prefetch`: a prefetch never faults and
+            // changes no memory, whatever the address.
+            #[allow(unsafe_code)]
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * k));
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (addr, lines);
+    }
+}
+
 /// An empty vector with room for `n` elements whose memory the kernel is
 /// asked to back with transparent huge pages (Linux, `MADV_HUGEPAGE`;
 /// ignored where unsupported). Call before filling it: pages are chosen

@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::engine::{Ev, Packed, Ps};
+use crate::events::{Ev, Packed, Ps};
 
 /// A scheduled event.
 #[derive(Clone, Copy, Debug)]

@@ -229,7 +229,6 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        self.lanes[l as usize].last_progress = self.eng.now();
         let t = self.fab.lanes[l as usize];
         if !wc.is_ok() {
             let request = match (role, wc.opcode.is_recv()) {

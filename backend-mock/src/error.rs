@@ -57,7 +57,7 @@ pub enum Error {
     /// A state machine (`poll_action`, `handle_*`) failed: most often
     /// `MismatchedCall` (ranks called with different count / type / op /
     /// root), or a flow-control protocol violation.
-    Machine {
+    Core {
         /// The rank.
         rank: u32,
         /// The channel.
@@ -164,7 +164,7 @@ impl Error {
     pub fn is_mismatched_call(&self) -> bool {
         matches!(
             self,
-            Error::Machine {
+            Error::Core {
                 source: ringcc_core::Error::MismatchedCall { .. },
                 ..
             }
@@ -186,7 +186,7 @@ impl Error {
         match self {
             Error::InvalidCall { rank, .. }
             | Error::BadBuffer { rank, .. }
-            | Error::Machine { rank, .. }
+            | Error::Core { rank, .. }
             | Error::Reduce { rank, .. }
             | Error::Wire { rank, .. }
             | Error::Post { rank, .. }
@@ -233,7 +233,7 @@ impl fmt::Display for Error {
                 f,
                 "rank {rank}: {which} buffer has {got} B, the call needs {expected} B"
             ),
-            Error::Machine {
+            Error::Core {
                 rank,
                 channel,
                 call,
@@ -300,7 +300,7 @@ impl std::error::Error for Error {
         match self {
             Error::Topology { source }
             | Error::InvalidCall { source, .. }
-            | Error::Machine { source, .. }
+            | Error::Core { source, .. }
             | Error::Reduce { source, .. } => Some(source),
             Error::Wire { source, .. } => Some(source),
             Error::Aborted { cause, .. } | Error::Poisoned { cause } => Some(cause.as_ref()),

@@ -18,8 +18,8 @@
 use ringcc_core::prim::{slice_result, Exec};
 use ringcc_core::Primitive;
 
-use crate::engine::{Ev, NONE};
 use crate::error::Error;
+use crate::events::{Ev, NONE};
 use crate::fabric::Hop;
 use crate::sim::{RunData, Sim};
 use crate::trace::Rec;
@@ -34,7 +34,7 @@ pub(crate) struct Xfer {
 
 impl Sim {
     pub(crate) fn start_exec(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
-        let now = self.eng.now();
+        let now = self.events.now();
         let t = self.lanes[l as usize].t;
         let elem = self.run.elem[t.rank as usize];
         let bytes = e.count.saturating_mul(elem);
@@ -84,7 +84,7 @@ impl Sim {
                             }),
                             None => NONE,
                         };
-                        self.eng.at(
+                        self.events.at(
                             arrive,
                             Ev::Tail {
                                 lane: succ,
@@ -119,7 +119,7 @@ impl Sim {
                 bytes,
             });
         }
-        self.eng.at(done, Ev::ExecDone { lane: l });
+        self.events.at(done, Ev::ExecDone { lane: l });
         Ok(())
     }
 

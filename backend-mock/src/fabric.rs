@@ -10,8 +10,8 @@ use ringcc_core::topology::{RingOrder, Topology};
 use ringcc_core::{ChannelId, Error as CoreError, HopKind, NicId, Rank, RingIndex};
 
 use crate::config::{ClusterConfig, LinkModel, MAX_RANKS};
-use crate::engine::{ps, Ps, Rate};
 use crate::error::Error;
+use crate::events::{ps, Ps, Rate};
 
 /// One channel's ring as two index tables: O(1) `rank_at` / `index_of`
 /// without borrowing the topology.

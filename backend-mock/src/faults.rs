@@ -11,8 +11,8 @@
 //! responder's key (or bounds) check.
 
 use crate::config::ClusterConfig;
-use crate::engine::{ps, Ps};
 use crate::error::Error;
+use crate::events::{ps, Ps};
 
 /// A component that fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

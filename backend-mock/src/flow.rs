@@ -20,8 +20,8 @@ use ringcc_core::protocol::post::CREDIT_LEN;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::WcStatus;
 
-use crate::engine::{ps, Ev, Ps, NONE};
 use crate::error::Error;
+use crate::events::{ps, Ev, Ps, NONE};
 use crate::fabric::Hop;
 use crate::rnic::frame::write_wire_bytes;
 use crate::sim::Sim;
@@ -40,7 +40,7 @@ impl Sim {
         let Hop::Net { tx, rx, .. } = t.hop else {
             return Ok(());
         };
-        let now = self.eng.now();
+        let now = self.events.now();
         let elem = self.run.elem[t.rank as usize];
         let bytes = e.count.saturating_mul(elem);
         let mtu = self.cfg.mtu;
@@ -66,7 +66,7 @@ impl Sim {
         }
         let arrive = end.saturating_add(latency);
         if self.flow_lost(tx, rx, t.next, start, arrive) {
-            self.eng.at(
+            self.events.at(
                 start.saturating_add(self.give_up),
                 Ev::FlowFail {
                     lane: l,
@@ -83,7 +83,7 @@ impl Sim {
         if let Some(h) = e.header {
             self.cold[succ as usize].mailbox = Some((span.step, h));
         }
-        self.eng.at(
+        self.events.at(
             arrive,
             Ev::Tail {
                 lane: succ,
@@ -104,7 +104,7 @@ impl Sim {
         let Hop::Net { tx, rx, .. } = self.lanes[pred as usize].t.hop else {
             return Ok(());
         };
-        let now = self.eng.now();
+        let now = self.events.now();
         let t = self.lanes[l as usize].t;
         // The credit leaves from this lane's port (`rx` of the
         // predecessor's connection) towards the predecessor's (`tx`).
@@ -115,7 +115,7 @@ impl Sim {
             .saturating_add(res.rate.time(wire));
         let arrive = sent.saturating_add(res.latency);
         if self.flow_lost(rx, tx, t.prev, sent, arrive) {
-            self.eng.at(
+            self.events.at(
                 now.saturating_add(self.give_up),
                 Ev::FlowFail {
                     lane: l,

@@ -1,17 +1,18 @@
-//! A lane is one rank on one channel: the core's state machine for the
-//! current collective, and what the rank's progress loop knows about its
-//! two connections. The progress loop polls the machine until it waits,
-//! carrying out every action; events feed the machine what happened.
+//! A lane is one rank on one channel: what the simulated transport knows
+//! about its two connections. The rank's core [`Engine`] holds the
+//! channel's state machine; the simulator only turns what happens on a
+//! lane into engine events, carries out the engine's actions, and
+//! schedules the lane's wake-ups.
 
 use std::collections::VecDeque;
 
-use ringcc_core::fifo::can_send;
-use ringcc_core::prim::{Action, LinkState, Machine};
+use ringcc_core::prim::{Action, Blocked};
+use ringcc_core::progress::{Channel, Engine, EngineError, Event};
 use ringcc_core::protocol::post::widen_step;
-use ringcc_core::CallDesc;
+use ringcc_core::{CallDesc, ChannelId};
 
-use crate::engine::{Ev, Ps};
 use crate::error::Error;
+use crate::events::{secs, Ev, Ps};
 use crate::fabric::{Hop, LaneTopo, RingRef};
 use crate::sim::Sim;
 
@@ -114,28 +115,24 @@ impl Credits {
     }
 }
 
+/// A rank's progress engine: the core's, over its channels.
+pub(crate) type RankEngine = Engine<RingRef, Box<[Channel<RingRef>]>>;
+
 /// One (channel, rank): what its events touch.
 ///
 /// `repr(C)` and cache-line aligned so that what every event touches
-/// (state, flags, topology, credits) fills the first two lines exactly,
-/// followed by the machine's hot fields (three lines); what events rarely
-/// touch is in [`LaneCold`] or at the machine's end. With 16 K lanes, cache
-/// misses are most of a large run's cost: five lines per lane are 5 MB.
+/// (state, flags, topology, credits) fills two lines; the channel's machine
+/// is in its rank's [`RankEngine`]; what events rarely touch is in
+/// [`LaneCold`]. With 16 K lanes, cache misses are most of a large run's
+/// cost.
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub(crate) struct Lane {
     pub state: LaneState,
     /// A `Wake` event is pending.
     pub wake: bool,
-    /// At its last poll the machine could have been waiting for credit.
+    /// At its last poll the machine waited for credit.
     pub credit_blocked: bool,
-    /// Whether the lane's last step began.
-    pub in_final: bool,
-    /// Step index and loop of the lane's last step.
-    pub final_index: u32,
-    pub final_loop: u64,
-    /// Last time an event reached the lane (for the deadline).
-    pub last_progress: Ps,
     /// Timing-only RDMA out-connection: arrival of the last message, so
     /// that jitter never reorders a reliable connection.
     pub last_arrival: Ps,
@@ -146,15 +143,12 @@ pub(crate) struct Lane {
     pub t: LaneTopo,
     /// Credits not yet handed to the machine.
     pub credits: Credits,
-    pub machine: Option<Machine<RingRef>>,
 }
 
 /// The part of a lane its events rarely touch (kept apart: a smaller
 /// [`Lane`] is fewer cache misses).
 #[derive(Debug, Default)]
 pub(crate) struct LaneCold {
-    /// Connection counters carried from one collective to the next.
-    pub link: LinkState,
     /// A call header the predecessor sent over NVLink (or as a flow),
     /// delivered with the `Tail` that carries `hdr`.
     pub mailbox: Option<(u64, CallDesc)>,
@@ -170,17 +164,12 @@ impl Lane {
     pub fn new(t: LaneTopo) -> Lane {
         Lane {
             t,
-            machine: None,
             state: LaneState::Idle,
-            last_progress: 0,
             last_arrival: 0,
             last_credit: 0,
             credits: Credits::default(),
             wake: false,
             credit_blocked: false,
-            final_index: 0,
-            final_loop: 0,
-            in_final: false,
         }
     }
 }
@@ -203,75 +192,73 @@ impl Sim {
         self.lanes[l as usize].state == LaneState::Running
     }
 
-    /// Polls lane `l`'s machine until it waits, carrying out its actions.
+    /// Polls lane `l`'s rank engine until it waits, carrying out its
+    /// actions (on any of the rank's channels; in the simulator only the
+    /// lane that had an event has any).
     pub(crate) fn drive(&mut self, l: u32) {
-        let sps = self.cfg.geometry.slots_per_slice();
+        let now = self.events.now();
+        let lane = &mut self.lanes[l as usize];
+        if lane.state != LaneState::Running {
+            return;
+        }
+        let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
+        let engine = &mut self.engines[rank as usize];
+        while let Some((at, head)) = lane.credits.front() {
+            if at > now {
+                break;
+            }
+            lane.credits.pop();
+            if lane.credits.spilled {
+                refill_credits(&mut lane.credits, &mut self.cold[l as usize].credits);
+            }
+            let known = engine.machine(c).map_or(0, |m| m.send_head());
+            let head = widen_step(head, known);
+            if head > known {
+                if let Err(e) = engine.handle(now, c, Event::Head(head)) {
+                    let err = self.engine_error(rank, e);
+                    self.fail_lane(l, err);
+                    return;
+                }
+            }
+        }
         loop {
-            let now = self.eng.now();
-            let lane = &mut self.lanes[l as usize];
-            if lane.state != LaneState::Running {
-                return;
-            }
-            let Some(m) = lane.machine.as_mut() else {
-                return;
-            };
-            while let Some((at, head)) = lane.credits.front() {
-                if at > now {
-                    break;
-                }
-                lane.credits.pop();
-                if lane.credits.spilled {
-                    refill_credits(&mut lane.credits, &mut self.cold[l as usize].credits);
-                }
-                lane.last_progress = now;
-                let known = m.send_head();
-                let head = widen_step(head, known);
-                if head > known {
-                    if let Err(source) = m.handle_head(head) {
-                        let err = self.machine_error(l, "handle_head", source);
-                        self.fail_lane(l, err);
-                        return;
-                    }
-                }
-            }
-            match m.poll_action() {
-                Ok(Some(Action::Exec(e))) => {
-                    if (e.loop_index, e.step_index) == (lane.final_loop, lane.final_index) {
-                        lane.in_final = true;
-                    }
-                    lane.credit_blocked = false;
-                    if let Err(err) = self.start_exec(l, &e) {
-                        self.fail_lane(l, err);
+            match self.engines[rank as usize].poll() {
+                Ok(Some((ch, Action::Exec(e)))) => {
+                    let at = self.fab.lane(u32::from(ch.0), rank);
+                    self.lanes[at as usize].credit_blocked = false;
+                    if let Err(err) = self.start_exec(at, &e) {
+                        self.fail_lane(at, err);
                     }
                     return;
                 }
-                Ok(Some(Action::ReturnCredit { head })) => {
-                    if let Err(err) = self.return_credit(l, head) {
-                        self.fail_lane(l, err);
+                Ok(Some((ch, Action::ReturnCredit { head }))) => {
+                    let at = self.fab.lane(u32::from(ch.0), rank);
+                    if let Err(err) = self.return_credit(at, head) {
+                        self.fail_lane(at, err);
                         return;
                     }
                 }
-                Ok(Some(Action::Done)) => {
-                    self.lane_done(l);
+                Ok(Some((ch, Action::Done))) => {
+                    self.lane_done(self.fab.lane(u32::from(ch.0), rank));
                     return;
                 }
                 Ok(None) => {
-                    // Waiting: for its own slice, for data, or for credit
-                    // (FIFO room, or its sends consumed after its last
-                    // step). Only the last needs a wake-up at the next
-                    // credit's arrival.
-                    lane.credit_blocked = !m.is_busy()
-                        && (lane.in_final || !can_send(m.send_head(), m.send_next(), sps));
+                    // Only a lane waiting for credit (FIFO room, or its
+                    // sends consumed after its last step) needs a wake-up
+                    // at the next credit's arrival.
+                    let blocked = self.engines[rank as usize].blocked_on(c);
+                    let lane = &mut self.lanes[l as usize];
+                    lane.credit_blocked = matches!(blocked, Blocked::Credit { .. });
                     if lane.credit_blocked && !lane.wake {
                         if let Some((at, _)) = lane.credits.front() {
                             lane.wake = true;
-                            self.eng.at(at, Ev::Wake { lane: l });
+                            self.events.at(at, Ev::Wake { lane: l });
                         }
                     }
                     return;
                 }
-                Err(source) => {
-                    let err = self.machine_error(l, "poll_action", source);
+                Err(e) => {
+                    let err = self.engine_error(rank, e);
                     self.fail_lane(l, err);
                     return;
                 }
@@ -288,7 +275,7 @@ impl Sim {
         if lane.credit_blocked && !lane.wake {
             lane.wake = true;
             let first = lane.credits.front().map_or(at, |(t, _)| t);
-            self.eng.at(first, Ev::Wake { lane: l });
+            self.events.at(first, Ev::Wake { lane: l });
         }
     }
 
@@ -298,18 +285,34 @@ impl Sim {
         self.drive(l);
     }
 
-    pub(crate) fn machine_error(
-        &self,
-        l: u32,
-        call: &'static str,
-        source: ringcc_core::Error,
-    ) -> Error {
-        let t = self.lanes[l as usize].t;
-        Error::Machine {
-            rank: t.rank,
-            channel: t.channel,
-            call,
-            source,
+    /// A rank engine's failure as the simulator's error.
+    #[cold]
+    pub(crate) fn engine_error(&self, rank: u32, e: EngineError) -> Error {
+        match e {
+            EngineError::Machine {
+                channel,
+                during,
+                source,
+            } => Error::Core {
+                rank,
+                channel: u32::from(channel.0),
+                call: during,
+                source,
+            },
+            EngineError::Timeout(stall) => Error::Timeout {
+                rank,
+                channel: u32::from(stall.channel.0),
+                waited: secs(stall.waited),
+                waiting_for: match stall.blocked {
+                    Blocked::Exec => "its own slice",
+                    Blocked::Data { .. } => "data from its predecessor",
+                    Blocked::Credit { .. } => "credit from its successor",
+                    _ => "nothing it could name",
+                },
+            },
+            other => Error::BadConfig {
+                what: format!("rank {rank}'s engine: {other}"),
+            },
         }
     }
 
@@ -318,19 +321,17 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let now = self.eng.now();
-        let lane = &mut self.lanes[l as usize];
-        lane.last_progress = now;
-        let Some(m) = lane.machine.as_mut() else {
-            return;
-        };
+        let now = self.events.now();
+        let t = self.lanes[l as usize].t;
+        let c = ChannelId(t.channel as u8);
+        let engine = &mut self.engines[t.rank as usize];
         // Only a slice sent over RDMA needs its exec after it is done.
-        let exec = match lane.t.hop {
-            Hop::Net { .. } => m.pending().filter(|e| e.send.is_some()),
+        let exec = match t.hop {
+            Hop::Net { .. } => engine.pending(c).filter(|e| e.send.is_some()),
             _ => None,
         };
-        if let Err(source) = m.handle_exec_done() {
-            let err = self.machine_error(l, "handle_exec_done", source);
+        if let Err(e) = engine.handle(now, c, Event::ExecDone) {
+            let err = self.engine_error(t.rank, e);
             self.fail_lane(l, err);
             return;
         }
@@ -345,7 +346,7 @@ impl Sim {
 
     /// The predecessor's `tail` (and maybe call header) became visible.
     pub(crate) fn on_tail(&mut self, l: u32, hdr: bool, xfer: u32, tail: u32) {
-        if xfer != crate::engine::NONE {
+        if xfer != crate::events::NONE {
             self.land(xfer);
         }
         let header = if hdr {
@@ -355,8 +356,10 @@ impl Sim {
         };
         // Events carry the low 32 bits of the step counter; a connection's
         // tails arrive in order and never move by 2^32 at once.
-        let lane = &self.lanes[l as usize];
-        let known = lane.machine.as_ref().map_or(0, |m| m.recv_tail());
+        let t = self.lanes[l as usize].t;
+        let known = self.engines[t.rank as usize]
+            .machine(ChannelId(t.channel as u8))
+            .map_or(0, |m| m.recv_tail());
         self.deliver_tail(l, header, widen_step(tail, known));
     }
 
@@ -365,26 +368,23 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let lane = &mut self.lanes[l as usize];
-        lane.last_progress = self.eng.now();
-        let Some(m) = lane.machine.as_mut() else {
-            return;
-        };
+        let now = self.events.now();
+        let t = self.lanes[l as usize].t;
+        let c = ChannelId(t.channel as u8);
+        let engine = &mut self.engines[t.rank as usize];
         let r = match header {
-            Some((step, desc)) => m
-                .handle_header(step, desc)
-                .map_err(|e| ("handle_header", e)),
+            Some((step, desc)) => engine.handle(now, c, Event::Header { step, desc }),
             None => Ok(()),
         }
-        .and_then(|()| m.handle_tail(tail).map_err(|e| ("handle_tail", e)));
-        if let Err((call, source)) = r {
-            let err = self.machine_error(l, call, source);
+        .and_then(|()| engine.handle(now, c, Event::Tail(tail)));
+        if let Err(e) = r {
+            let err = self.engine_error(t.rank, e);
             self.fail_lane(l, err);
             return;
         }
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
-        if !m.is_busy() {
+        if !engine.machine(c).is_some_and(|m| m.is_busy()) {
             self.drive(l);
         }
     }
@@ -394,17 +394,16 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let lane = &mut self.lanes[l as usize];
-        lane.last_progress = self.eng.now();
-        let Some(m) = lane.machine.as_mut() else {
-            return;
-        };
+        let now = self.events.now();
+        let t = self.lanes[l as usize].t;
+        let c = ChannelId(t.channel as u8);
+        let engine = &mut self.engines[t.rank as usize];
         // A counter read may show a value already handled.
-        if head <= m.send_head() {
+        if head <= engine.machine(c).map_or(0, |m| m.send_head()) {
             return;
         }
-        if let Err(source) = m.handle_head(head) {
-            let err = self.machine_error(l, "handle_head", source);
+        if let Err(e) = engine.handle(now, c, Event::Head(head)) {
+            let err = self.engine_error(t.rank, e);
             self.fail_lane(l, err);
             return;
         }
@@ -420,7 +419,7 @@ impl Sim {
             Hop::Loopback => Ok(()),
             Hop::Nvlink { link } => {
                 // A flag store over NVLink: latency only.
-                let now = self.eng.now();
+                let now = self.events.now();
                 if !self.faults.nvlink_dead(t.rank, t.prev, now) {
                     let at = now.saturating_add(self.fab.links[link as usize].latency);
                     self.push_credit(pred, at, head);
@@ -436,13 +435,13 @@ mod tests {
     use super::*;
     use std::mem::{align_of, offset_of};
 
-    /// The lane's own hot fields fill its first two cache lines and the
-    /// machine follows at once (what `LANE_HOT_LINES` prefetches).
+    /// The lane fills two cache lines (what the run loop prefetches, with
+    /// the machine's lines in the rank's engine).
     #[test]
-    fn lane_layout_keeps_hot_fields_in_two_lines() {
+    fn a_lane_is_two_cache_lines() {
         assert_eq!(align_of::<Lane>(), 64);
-        assert_eq!(offset_of!(Lane, machine), 128);
         assert!(offset_of!(Lane, credits) + std::mem::size_of::<Credits>() <= 128);
+        assert_eq!(std::mem::size_of::<Lane>(), 128);
     }
 
     /// Credits beyond the hot four wait in order in the cold part and come

@@ -90,8 +90,8 @@ mod cachehint;
 mod calendar;
 mod config;
 mod driver;
-mod engine;
 mod error;
+mod events;
 mod exec;
 mod fabric;
 mod faults;
@@ -215,7 +215,7 @@ impl Cluster {
     /// The virtual clock, seconds since the cluster was built. It only
     /// moves forward, across runs.
     pub fn now(&self) -> f64 {
-        engine::secs(self.sim.eng.now())
+        events::secs(self.sim.events.now())
     }
 
     /// Whether a failed run aborted the communicator.

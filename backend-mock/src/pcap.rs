@@ -7,7 +7,7 @@
 
 use std::io::{self, Write};
 
-use crate::engine::Ps;
+use crate::events::Ps;
 
 /// libpcap magic for nanosecond-resolution files.
 pub(crate) const MAGIC_NS: u32 = 0xa1b2_3c4d;

@@ -11,18 +11,18 @@
 //! time, and only a rank whose own result is complete, in a run where no
 //! rank failed, reports success.
 
-use ringcc_core::prim::Machine;
-use ringcc_core::{ChannelId, Plan, Rank};
+use ringcc_core::progress::Channel;
+use ringcc_core::{Plan, Rank};
 
 use crate::config::ClusterConfig;
-use crate::engine::{ps, secs, Engine, Ev, Ps, Rate, Slab};
 use crate::error::Error;
+use crate::events::{ps, secs, Ev, Events, Ps, Rate, Slab};
 use crate::exec::Xfer;
-use crate::fabric::{Fabric, Hop, RingRef};
+use crate::fabric::{Fabric, Hop};
 use crate::faults::FaultState;
 use crate::flow::give_up_after;
 use crate::generated::GeneratedData;
-use crate::lane::{Lane, LaneCold, LaneState};
+use crate::lane::{Lane, LaneCold, LaneState, RankEngine};
 use crate::memory::Memory;
 use crate::pcap::Capture;
 use crate::report::{BufLayout, Call, LinkStats, RankBuffers, RunReport, Stats};
@@ -67,8 +67,13 @@ pub(crate) struct RunCtx {
 pub(crate) struct Sim {
     pub cfg: ClusterConfig,
     pub fab: Fabric,
-    pub eng: Engine,
+    pub events: Events,
     pub lanes: Vec<Lane>,
+    /// Each rank's core progress engine (its channels' machines).
+    pub engines: Vec<RankEngine>,
+    /// Per lane, the addresses of its channel in its rank's engine and of
+    /// the engine (for prefetching only: neither storage moves).
+    pub channel_addr: Vec<(usize, usize)>,
     /// What events rarely touch, per lane.
     pub cold: Vec<LaneCold>,
     pub ranks: Vec<RankState>,
@@ -88,7 +93,6 @@ pub(crate) struct Sim {
     pub rnr_delay: Ps,
     pub deadline: Ps,
     pub control: Ps,
-    pub seq: u64,
     pub aborted: Option<Error>,
 }
 
@@ -97,9 +101,9 @@ pub(crate) struct Sim {
 /// alike on 1024 ranks).
 const PREFETCH_AHEAD: usize = 12;
 
-/// Cache lines of a lane that events touch: the lane's own two, the
-/// machine's counters and current step, and its step iterator's hot line.
-const LANE_HOT_LINES: usize = 5;
+/// Cache lines of a channel's machine that events touch: its counters and
+/// current step, and its step iterator's hot line.
+const MACHINE_HOT_LINES: usize = 3;
 
 /// Initial calendar bucket width: each lane has an event every
 /// microsecond or so; aim at about ten distinct times per bucket (the
@@ -151,20 +155,36 @@ impl Sim {
             run: RunCtx::default(),
             stats: Stats::default(),
             xfers: Slab::new(),
-            eng: Engine::new(bucket_shift(lanes_len)),
-            seq: 0,
+            events: Events::new(bucket_shift(lanes_len)),
+            engines: (0..n)
+                .map(|r| {
+                    let channels = vec![Channel::new(); cfg.channels as usize];
+                    RankEngine::new(Rank(r), channels.into_boxed_slice(), ps(cfg.deadline))
+                })
+                .collect(),
+            channel_addr: Vec::new(),
             aborted: None,
             cold: (0..lanes_len).map(|_| LaneCold::default()).collect(),
             lanes,
             fab,
             cfg,
         };
+        sim.channel_addr = sim
+            .fab
+            .lanes
+            .iter()
+            .map(|t| {
+                let e = &sim.engines[t.rank as usize];
+                let ch = std::ptr::from_ref(&e.channels()[t.channel as usize]) as usize;
+                (ch, std::ptr::from_ref(e) as usize)
+            })
+            .collect();
         if sim.cfg.payload {
             sim.setup_payload()?;
         }
         for (r, t) in sim.faults.rank_dies.clone().into_iter().enumerate() {
             if let Some(t) = t {
-                sim.eng.at(t, Ev::Death { rank: r as u32 });
+                sim.events.at(t, Ev::Death { rank: r as u32 });
             }
         }
         sim.update_stats();
@@ -172,8 +192,8 @@ impl Sim {
     }
 
     fn update_stats(&mut self) {
-        self.stats.events = self.eng.processed();
-        self.stats.event_hash = self.eng.hash();
+        self.stats.events = self.events.processed();
+        self.stats.event_hash = self.events.hash();
         self.stats.links = self
             .fab
             .links
@@ -288,21 +308,9 @@ impl Sim {
             }
             _ => {}
         }
-        let mut machines = Vec::with_capacity(self.lanes.len());
-        for (t, lane) in self.fab.lanes.iter().zip(&self.cold) {
-            let (c, r) = (t.channel, t.rank);
-            let ring: &RingRef = &self.fab.rings[c as usize];
-            let call = calls[r as usize];
-            let desc = call.desc(self.seq);
-            let invalid = |source| Error::InvalidCall { rank: r, source };
-            let steps = plans[r as usize]
-                .steps(ChannelId(c as u8), Rank(r), ring.clone())
-                .map_err(invalid)?;
-            machines.push(Machine::new(desc, steps, cfg.geometry, lane.link).map_err(invalid)?);
-        }
         // From here on the run happens.
-        let now = self.eng.now();
-        let start_events = self.eng.processed();
+        let now = self.events.now();
+        let start_events = self.events.processed();
         self.run.calls = calls.to_vec();
         self.run.elem = calls.iter().map(|c| u64::from(c.dtype.size())).collect();
         self.run.layouts = (0..n)
@@ -322,22 +330,25 @@ impl Sim {
             rs.aborted = None;
             rs.abort_sent = false;
         }
-        for (l, m) in machines.into_iter().enumerate() {
+        let mut refused = Vec::new();
+        for (r, engine) in self.engines.iter_mut().enumerate() {
+            let rings = &self.fab.rings;
+            let started = engine.start(now, &calls[r], &plans[r], self.cfg.geometry, |c| {
+                rings[usize::from(c.0)].clone()
+            });
+            if let Err(e) = started {
+                refused.push((r as u32, e));
+            }
+        }
+        for l in 0..self.lanes.len() {
             let t = self.fab.lanes[l];
-            let plan = &plans[t.rank as usize];
-            let loops = plan.loops(ChannelId(t.channel as u8)).unwrap_or(1);
             let dead = self.ranks[t.rank as usize].died.is_some();
             self.cold[l].mailbox = None;
             self.cold[l].credits.clear();
             let lane = &mut self.lanes[l];
-            lane.machine = Some(m);
             lane.credits = Default::default();
             lane.wake = false;
             lane.credit_blocked = false;
-            lane.in_final = false;
-            lane.final_loop = loops.saturating_sub(1);
-            lane.final_index = plan.steps_per_loop().saturating_sub(1);
-            lane.last_progress = now;
             lane.state = if dead {
                 self.run.finished += 1;
                 LaneState::Dead
@@ -345,7 +356,11 @@ impl Sim {
                 LaneState::Running
             };
         }
-        self.eng.at(
+        for (r, e) in refused {
+            let err = self.engine_error(r, e);
+            self.fail_lane(self.fab.lane(0, r), err);
+        }
+        self.events.at(
             now.saturating_add(self.deadline),
             Ev::Watchdog {
                 epoch: self.run.epoch,
@@ -359,13 +374,13 @@ impl Sim {
             if self.run.finished >= total && self.run.aborts_in_flight == 0 {
                 break;
             }
-            let events = self.eng.processed() - start_events;
+            let events = self.events.processed() - start_events;
             if events >= self.cfg.max_events {
                 tracing::warn!(events, "event limit reached");
                 self.fail_all(|rank| Error::EventLimit { rank, events });
                 break;
             }
-            let Some(ev) = self.eng.pop() else {
+            let Some(ev) = self.events.pop() else {
                 // The watchdog keeps the queue non-empty while a lane runs.
                 self.fail_all(|rank| Error::Timeout {
                     rank,
@@ -388,15 +403,19 @@ impl Sim {
     #[inline]
     fn prefetch_ahead(&self) {
         if let Some(Ev::ExecDone { lane } | Ev::Tail { lane, .. } | Ev::Wake { lane }) =
-            self.eng.peek_ahead(PREFETCH_AHEAD)
+            self.events.peek_ahead(PREFETCH_AHEAD)
         {
             if let Some(l) = self.lanes.get(lane as usize) {
-                crate::cachehint::prefetch(l, LANE_HOT_LINES);
+                crate::cachehint::prefetch(l, 2);
+            }
+            if let Some(&(ch, engine)) = self.channel_addr.get(lane as usize) {
+                crate::cachehint::prefetch_addr(ch, MACHINE_HOT_LINES);
+                crate::cachehint::prefetch_addr(engine, 1);
             }
         }
-        // A finished slice returns a credit to the predecessor's lane: its
-        // first two lines, found from this lane's (prefetched earlier).
-        if let Some(Ev::ExecDone { lane }) = self.eng.peek_ahead(PREFETCH_AHEAD / 2) {
+        // Half-way, the lane is in the cache: for a finished slice (which
+        // returns a credit), the predecessor's lane.
+        if let Some(Ev::ExecDone { lane }) = self.events.peek_ahead(PREFETCH_AHEAD / 2) {
             if let Some(l) = self.lanes.get(lane as usize) {
                 let pred = self.fab.lane(l.t.channel, l.t.prev);
                 if let Some(p) = self.lanes.get(pred as usize) {
@@ -456,17 +475,13 @@ impl Sim {
                 Ok(())
             });
         }
-        for (lane, cold) in self.lanes.iter_mut().zip(&mut self.cold) {
-            if let Some(m) = lane.machine.take() {
-                cold.link = m.link();
-            }
+        for lane in &mut self.lanes {
             lane.state = LaneState::Idle;
         }
         if self.cfg.payload {
             *data = std::mem::take(&mut self.run.data);
         }
         self.run.active = false;
-        self.seq = self.seq.wrapping_add(1);
         if self.aborted.is_none() {
             let first = (0..n as usize).find_map(|r| {
                 let rs = &self.ranks[r];
@@ -485,8 +500,8 @@ impl Sim {
         RunReport {
             ranks: results,
             start: secs(start),
-            end: secs(self.eng.now()),
-            events: self.eng.processed() - start_events,
+            end: secs(self.events.now()),
+            events: self.events.processed() - start_events,
         }
     }
 

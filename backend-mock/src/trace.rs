@@ -7,7 +7,7 @@ use std::io::{self, Write};
 
 use ringcc_core::Primitive;
 
-use crate::engine::Ps;
+use crate::events::Ps;
 use crate::fabric::Fabric;
 
 /// One recorded span.

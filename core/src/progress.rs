@@ -77,8 +77,10 @@ impl Exec {
 }
 
 /// One channel's slot in an engine's storage: the current (or last)
-/// call's machine and the counters carried between calls.
+/// call's machine and the counters carried between calls. `repr(C)`: the
+/// machine's hot fields open the slot (what a backend prefetches).
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Channel<M> {
     machine: Option<Machine<M>>,
     link: LinkState,
@@ -233,24 +235,33 @@ impl core::error::Error for EngineError {}
 ///
 /// See the [module documentation](self) for the loop a backend writes
 /// around it.
+///
+/// `repr(C)`, cache-line aligned: what every event and poll touches (the
+/// channel masks, the clock, the storage handle, the flags) fills the
+/// first line; the call and the failure come after.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 pub struct Engine<M, S> {
+    /// Channels that may have an action (bit per channel).
+    dirty: u64,
+    /// Channels not yet `Done` (bit per channel).
+    open: u64,
+    last_progress: u64,
+    timeout: u64,
     channels: S,
     rank: Rank,
+    /// Channels of the running call (the plan's).
+    used: u8,
+    /// Where `poll` looks first (the channel that acted last).
+    cursor: u8,
+    /// Channels in the storage (at most [`MAX_CHANNELS`]).
+    capacity: u8,
+    /// `failure` is set.
+    poisoned: bool,
     /// Sequence number of the running call, or of the next one.
     seq: u64,
     /// The running call.
     call: Option<CallDesc>,
-    /// Channels of the running call (the plan's).
-    used: u32,
-    /// Channels not yet `Done` (bit per channel).
-    open: u64,
-    /// Channels that may have an action (bit per channel).
-    dirty: u64,
-    /// Where `poll` looks first (the channel that acted last).
-    cursor: u32,
-    timeout: u64,
-    last_progress: u64,
     failure: Option<EngineError>,
     _ring: core::marker::PhantomData<fn() -> M>,
 }
@@ -264,17 +275,20 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// call when nothing happens for `timeout` ticks. Capacity beyond
     /// [`MAX_CHANNELS`] is never used.
     pub fn new(rank: Rank, channels: S, timeout: u64) -> Self {
+        let capacity = u8::try_from(channels.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0);
         Engine {
-            channels,
-            rank,
-            seq: 0,
-            call: None,
-            used: 0,
-            open: 0,
             dirty: 0,
-            cursor: 0,
-            timeout,
+            open: 0,
             last_progress: 0,
+            timeout,
+            seq: 0,
+            used: 0,
+            cursor: 0,
+            capacity,
+            rank,
+            poisoned: false,
+            channels,
+            call: None,
             failure: None,
             _ring: core::marker::PhantomData,
         }
@@ -350,11 +364,12 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
         self.machine(c).and_then(Machine::pending)
     }
 
+    #[inline]
     fn check(&self) -> Result<(), EngineError> {
-        match self.failure {
-            Some(_) => Err(EngineError::Poisoned),
-            None => Ok(()),
+        if self.poisoned {
+            return Err(EngineError::Poisoned);
         }
+        Ok(())
     }
 
     #[cold]
@@ -362,6 +377,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
         if self.failure.is_none() {
             crate::log::warning!("ringcc: engine failed");
             self.failure = Some(e);
+            self.poisoned = true;
         }
         e
     }
@@ -447,7 +463,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
             }
         }
         self.call = Some(desc);
-        self.used = used;
+        self.used = u8::try_from(used).unwrap_or(u8::MAX);
         self.open = mask(used);
         self.dirty = self.open;
         self.cursor = 0;
@@ -455,10 +471,9 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
         Ok(desc)
     }
 
+    #[inline]
     fn capacity(&self) -> u32 {
-        u32::try_from(self.channels.as_ref().len())
-            .unwrap_or(u32::MAX)
-            .min(crate::topology::MAX_CHANNELS)
+        u32::from(self.capacity)
     }
 
     /// Feeds channel `c` what its transport reported at time `now`.
@@ -466,17 +481,17 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// Events may come for a channel whose machine is done, and between
     /// calls: a faster predecessor's next header and data are kept for the
     /// next call.
+    #[inline]
     pub fn handle(&mut self, now: u64, c: ChannelId, event: Event) -> Result<(), EngineError> {
         self.check()?;
         let capacity = self.capacity();
         let i = u32::from(c.0);
-        if i >= capacity {
-            return Err(EngineError::BadChannel {
-                channel: i,
-                capacity,
-            });
-        }
-        let Some(ch) = self.channels.as_mut().get_mut(i as usize) else {
+        let Some(ch) = self
+            .channels
+            .as_mut()
+            .get_mut(i as usize)
+            .filter(|_| i < capacity)
+        else {
             return Err(EngineError::BadChannel {
                 channel: i,
                 capacity,
@@ -512,10 +527,11 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// channel's the call is over ([`is_idle`](Engine::is_idle)) and the
     /// next may start.
     #[must_use = "actions must be carried out"]
+    #[inline]
     pub fn poll(&mut self) -> Result<Option<(ChannelId, Action)>, EngineError> {
         self.check()?;
         while self.dirty != 0 {
-            let c = next_bit(self.dirty, self.cursor);
+            let c = next_bit(self.dirty, u32::from(self.cursor));
             let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
             let polled = match self.channels.as_mut().get_mut(c as usize) {
                 Some(Channel {
@@ -525,7 +541,12 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
             };
             match polled {
                 Ok(Some(action)) => {
-                    self.cursor = c;
+                    self.cursor = u8::try_from(c).unwrap_or(0);
+                    // A machine with an exec outstanding has nothing more
+                    // until an event (which marks it again).
+                    if matches!(action, Action::Exec(_)) {
+                        self.dirty &= !bit(c);
+                    }
                     if action == Action::Done {
                         self.dirty &= !bit(c);
                         self.open &= !bit(c);
@@ -557,8 +578,8 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// When [`handle_timeout`](Engine::handle_timeout) must be called if
     /// nothing happens before: `None` without a running call.
     pub fn poll_timeout(&self) -> Option<u64> {
-        match (self.call, self.failure) {
-            (Some(_), None) => Some(self.last_progress.saturating_add(self.timeout)),
+        match self.call {
+            Some(_) if !self.poisoned => Some(self.last_progress.saturating_add(self.timeout)),
             _ => None,
         }
     }
@@ -580,7 +601,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// blocked (or the first open one).
     pub fn stall(&self, now: u64) -> Stall {
         let mut first = None;
-        for c in 0..self.used {
+        for c in 0..u32::from(self.used) {
             if self.open & bit(c) == 0 {
                 continue;
             }

@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 
 use ringcc_core::wire::Completion;
 
-use crate::engine::Slab;
+use crate::events::Slab;
 
 pub(crate) use qp::{Qp, Role};
 

@@ -8,7 +8,7 @@ use ringcc_core::wire::mlx5::WqeRepr;
 use ringcc_core::wire::segment::{PathMtu, PsnChecker, Segmenter};
 use ringcc_core::wire::{Psn, Qpn, WorkRequest, WrOpcode};
 
-use crate::engine::Ps;
+use crate::events::Ps;
 
 /// `enum ibv_qp_state`, the states this RNIC uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ fn is_write(op: Opcode) -> bool {
 impl Sim {
     /// A frame reaches its destination port.
     pub(crate) fn on_packet(&mut self, frame: u32) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let Some(f) = self.nic.frames.take(frame) else {
             return;
         };

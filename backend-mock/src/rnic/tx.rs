@@ -10,7 +10,7 @@ use ringcc_core::wire::{Completion, Payload, Psn, SendFlags, WcOpcode, WcStatus,
 use super::frame::data_frame;
 use super::qp::{Msg, QpState};
 use super::Frame;
-use crate::engine::{Ev, Ps};
+use crate::events::{Ev, Ps};
 
 /// What the trace records of a message whose last packet just left:
 /// (first packet's start, bytes, from rank, to rank, channel).
@@ -35,7 +35,7 @@ impl Sim {
     /// flow model assumes).
     pub(crate) fn ring_doorbell(&mut self, qp: u32) {
         let upto = self.nic.qps[qp as usize].pi;
-        self.eng.after(self.doorbell, Ev::Doorbell { qp, upto });
+        self.events.after(self.doorbell, Ev::Doorbell { qp, upto });
     }
 
     fn complete(&mut self, qp: u32, wr_id: u64, status: WcStatus, op: WrOpcode, len: u32) {
@@ -55,7 +55,7 @@ impl Sim {
     /// The NIC fetches and parses `qp`'s new WQEs, DMA-reads their data
     /// and cuts them into packets.
     pub(crate) fn on_doorbell(&mut self, qp: u32, upto: u32) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let q = &self.nic.qps[qp as usize];
         if self.faults.rank_dead(q.rank, now) {
             return;
@@ -148,7 +148,7 @@ impl Sim {
 
     /// Puts `qp` on its port's round robin if it has packets to send.
     pub(crate) fn enqueue(&mut self, qp: u32) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let q = &mut self.nic.qps[qp as usize];
         if q.queued || !q.has_packet(now) {
             return;
@@ -167,13 +167,13 @@ impl Sim {
         }
         p.tx_scheduled = true;
         let free = self.fab.links[self.fab.ports[port as usize].link as usize].free_at;
-        self.eng.at(free, Ev::PortTx { port });
+        self.events.at(free, Ev::PortTx { port });
     }
 
     /// The next data packet of the round robin: (frame, destination port,
     /// queue pair, trace of the message it completes).
     fn next_data_packet(&mut self, port: u32) -> Option<(Vec<u8>, u32, u32, Option<MsgTrace>)> {
-        let now = self.eng.now();
+        let now = self.events.now();
         loop {
             let qp = self.nic.ports[port as usize].rr.pop_front()?;
             let q = &self.nic.qps[qp as usize];
@@ -243,7 +243,7 @@ impl Sim {
 
     /// `port` may transmit: ACKs first, then one data packet.
     pub(crate) fn on_port_tx(&mut self, port: u32) {
-        let now = self.eng.now();
+        let now = self.events.now();
         self.nic.ports[port as usize].tx_scheduled = false;
         let link = self.fab.ports[port as usize].link;
         if self.fab.links[link as usize].free_at > now {
@@ -301,10 +301,10 @@ impl Sim {
                         to_port: to,
                         bytes: bytes.clone(),
                     });
-                    self.eng.at(at2, Ev::Packet { frame: f });
+                    self.events.at(at2, Ev::Packet { frame: f });
                 }
                 let f = self.nic.frames.insert(Frame { to_port: to, bytes });
-                self.eng.at(at, Ev::Packet { frame: f });
+                self.events.at(at, Ev::Packet { frame: f });
             }
         }
         self.kick(port);
@@ -312,21 +312,21 @@ impl Sim {
 
     /// Starts `qp`'s retransmission timer if it is not running.
     fn arm_timer(&mut self, qp: u32) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let rto = self.rto;
         let q = &mut self.nic.qps[qp as usize];
         if q.timer.is_none() {
             q.timer = Some(now.saturating_add(rto));
             if !q.timer_event {
                 q.timer_event = true;
-                self.eng.after(rto, Ev::QpTimer { qp, rnr: false });
+                self.events.after(rto, Ev::QpTimer { qp, rnr: false });
             }
         }
     }
 
     /// The retransmission timer or the RNR back-off of `qp`.
     pub(crate) fn on_qp_timer(&mut self, qp: u32, rnr: bool) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let q = &mut self.nic.qps[qp as usize];
         if q.state != QpState::Rts {
             if !rnr {
@@ -347,7 +347,7 @@ impl Sim {
         };
         if deadline > now {
             q.timer_event = true;
-            self.eng.at(deadline, Ev::QpTimer { qp, rnr: false });
+            self.events.at(deadline, Ev::QpTimer { qp, rnr: false });
             return;
         }
         self.stats.timeouts += 1;
@@ -360,7 +360,7 @@ impl Sim {
         q.tx = q.una;
         q.timer = Some(now.saturating_add(self.rto));
         q.timer_event = true;
-        self.eng.after(self.rto, Ev::QpTimer { qp, rnr: false });
+        self.events.after(self.rto, Ev::QpTimer { qp, rnr: false });
         self.enqueue(qp);
     }
 
@@ -390,14 +390,14 @@ impl Sim {
             }
             Syndrome::RnrNak { .. } => {
                 self.acked(qp, psn.sub(1));
-                let now = self.eng.now();
+                let now = self.events.now();
                 let delay = self.rnr_delay;
                 let q = &mut self.nic.qps[qp as usize];
                 if q.in_window(psn) {
                     q.tx = psn;
                 }
                 q.rnr_until = Some(now.saturating_add(delay));
-                self.eng.after(delay, Ev::QpTimer { qp, rnr: true });
+                self.events.after(delay, Ev::QpTimer { qp, rnr: true });
             }
             Syndrome::Reserved(_) => {}
         }
@@ -405,7 +405,7 @@ impl Sim {
 
     /// Everything up to and including `a` is acknowledged.
     fn acked(&mut self, qp: u32, a: Psn) {
-        let now = self.eng.now();
+        let now = self.events.now();
         let rto = self.rto;
         let q = &mut self.nic.qps[qp as usize];
         let old = q.una;

@@ -165,7 +165,12 @@ pub struct LinkState {
 /// it is rebuilt from the current step, the slice and the counters, none
 /// of which move while it is outstanding (a smaller machine is fewer cache
 /// misses for a backend that drives thousands of them).
+///
+/// `u32`: the widest niche of the machine, so that `Option<Machine>` (an
+/// engine's channel) keeps its tag here, in the first cache line, instead
+/// of in the call descriptor at the machine's end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 enum Phase {
     /// Waiting for data / credit, or ready to emit the next exec.
     Idle,

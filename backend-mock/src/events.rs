@@ -201,17 +201,17 @@ fn fnv_word(h: u64, w: u64) -> u64 {
 
 /// The clock and the queue.
 #[derive(Debug)]
-pub(crate) struct Engine {
+pub(crate) struct Events {
     heap: Calendar,
     now: Ps,
     processed: u64,
     hash: u64,
 }
 
-impl Engine {
+impl Events {
     /// An engine whose calendar buckets are `2^shift` ps wide.
-    pub fn new(shift: u32) -> Engine {
-        Engine {
+    pub fn new(shift: u32) -> Events {
+        Events {
             heap: Calendar::new(shift.min(40)),
             now: 0,
             processed: 0,
@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn equal_times_pop_in_schedule_order() {
-        let mut e = Engine::new(10);
+        let mut e = Events::new(10);
         e.at(5, Ev::Wake { lane: 1 });
         e.at(3, Ev::Wake { lane: 2 });
         e.at(5, Ev::Wake { lane: 3 });
@@ -341,7 +341,7 @@ mod tests {
         // Random pushes no earlier than the last pop, against a sorted
         // model.
         let mut rng = crate::faults::Rng::new(9);
-        let mut e = Engine::new(10);
+        let mut e = Events::new(10);
         let mut model: Vec<(Ps, u32)> = Vec::new();
         let mut id = 0u32;
         for round in 0..2000 {
@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn hash_depends_on_the_log() {
         let run = |t: Ps| {
-            let mut e = Engine::new(10);
+            let mut e = Events::new(10);
             e.at(t, Ev::ExecDone { lane: 0 });
             e.pop();
             e.hash()
