@@ -89,7 +89,7 @@ mod abort;
 mod cachehint;
 mod calendar;
 mod config;
-mod driver;
+mod rdma;
 mod error;
 mod events;
 mod exec;

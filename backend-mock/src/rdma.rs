@@ -1,9 +1,10 @@
-//! The ranks' RDMA progress loops (payload mode), as the verbs backend
-//! runs them: registered buffers and connected queue pairs at setup; a
-//! finished SEND slice becomes `SliceWrites` (call header, data, the
+//! The simulator's RDMA transport (payload mode): the connection protocol
+//! of `ringcc_core::protocol`, unpatched, as the verbs backend runs it:
+//! registered buffers and connected queue pairs at setup; a finished SEND
+//! slice becomes `SliceWrites` (call header, data, the
 //! `tail`-publishing immediate) from the staging slot into the successor's
 //! FIFO; a credit becomes an inline WRITE WITH IMMEDIATE of the `head`
-//! counter; completions feed the machines: the receiver learns its `tail`
+//! counter; completions become engine events: the receiver learns its `tail`
 //! from the immediate and the call header from its mailbox, the sender its
 //! `head` from the counter.
 
