@@ -1,5 +1,6 @@
 //! Links the whole core into a freestanding binary: plans an AllReduce,
-//! drives one state machine, reduces a buffer, formats nothing on a heap —
+//! drives it to completion on two ranks through the progress engine (array
+//! storage: no allocation), reduces a buffer, formats nothing on a heap —
 //! all with no std, no alloc and no allocator.
 
 #![no_std]
@@ -10,10 +11,11 @@
 
 use core::panic::PanicInfo;
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::prim::{Action, LinkState, Machine};
+use ringcc_core::prim::Action;
+use ringcc_core::progress::{ArrayEngine, Channel};
 use ringcc_core::reduce::{reduce_in_place, DataType, ReduceOp};
-use ringcc_core::topology::Topology;
-use ringcc_core::{CallDesc, ChannelId, Collective, Plan, Rank};
+use ringcc_core::topology::{Ring, Topology};
+use ringcc_core::{Call, ChannelId, Engine, Event, Rank};
 
 #[panic_handler]
 fn panic(_: &PanicInfo) -> ! {
@@ -22,32 +24,93 @@ fn panic(_: &PanicInfo) -> ! {
     }
 }
 
+/// Channels of the call (the engines' capacity).
+const CHANNELS: usize = 2;
+
+type RankEngine<'t> = ArrayEngine<Ring<'t, 16>, CHANNELS>;
+
+/// Carries out `action` of rank `r` on channel `c`: the exec completes at
+/// once and its header and tail reach the other rank (in a two-rank ring
+/// it is both successor and predecessor); a credit reaches it as a head.
+fn act(
+    engines: &mut [RankEngine<'_>; 2],
+    now: u64,
+    r: usize,
+    c: ChannelId,
+    action: Action,
+) -> Result<(), u64> {
+    let (me, other) = match engines {
+        [a, b] if r == 0 => (a, b),
+        [a, b] => (b, a),
+    };
+    match action {
+        Action::Exec(e) => {
+            me.handle(now, c, Event::ExecDone).map_err(|_| 20u64)?;
+            for event in e.successor_events() {
+                other.handle(now, c, event).map_err(|_| 21u64)?;
+            }
+        }
+        Action::ReturnCredit { head } => {
+            other.handle(now, c, Event::Head(head)).map_err(|_| 22u64)?;
+        }
+        Action::Done => {}
+    }
+    Ok(())
+}
+
+/// Both ranks of a two-rank AllReduce over two channels, to the end:
+/// the number of actions carried out, or an error code.
+fn drive() -> Result<u64, u64> {
+    let topo = Topology::<16>::uniform(1, 2, 1).map_err(|_| 10u64)?;
+    let ring0 = topo.ring(ChannelId(0)).map_err(|_| 11u64)?;
+    let ring = |c| topo.ring(c).unwrap_or(ring0);
+    let call = Call::all_reduce(1000, DataType::F32, ReduceOp::Sum);
+    let plan = call.plan(2, CHANNELS as u32, 1024).map_err(|_| 12u64)?;
+    let mut engines: [RankEngine<'_>; 2] = [
+        Engine::new(Rank(0), [Channel::new(), Channel::new()], 1_000),
+        Engine::new(Rank(1), [Channel::new(), Channel::new()], 1_000),
+    ];
+    for e in engines.iter_mut() {
+        e.start(0, &call, &plan, FifoGeometry::NCCL, ring)
+            .map_err(|_| 13u64)?;
+    }
+    let mut actions = 0u64;
+    let mut now = 0u64;
+    while engines.iter().any(|e| !e.is_idle()) {
+        now = now.wrapping_add(1);
+        let mut progressed = false;
+        for r in 0..2 {
+            let polled = engines.get_mut(r).map(Engine::poll);
+            if let Some(Ok(Some((c, action)))) = polled {
+                progressed = true;
+                actions = actions.wrapping_add(1);
+                act(&mut engines, now, r, c, action)?;
+            } else if let Some(Err(_)) = polled {
+                return Err(14);
+            }
+        }
+        if !progressed {
+            // Nothing to do and nothing in flight: the engines' deadline
+            // ends it with a stall report.
+            for e in engines.iter_mut() {
+                if e.handle_timeout(now).is_err() {
+                    return Err(15);
+                }
+            }
+        }
+    }
+    Ok(actions)
+}
+
 fn work() -> u64 {
-    let topo = match Topology::<16>::uniform(2, 4, 2) {
-        Ok(t) => t,
-        Err(_) => return 1,
-    };
-    let Ok(ring) = topo.ring(ChannelId(1)) else {
-        return 2;
-    };
-    let Ok(plan) = Plan::new(Collective::AllReduce, 1000, DataType::F32, 8, 2, 1024) else {
-        return 3;
-    };
-    let call = CallDesc::new(0, Collective::AllReduce, 1000, DataType::F32, ReduceOp::Sum);
-    let Ok(steps) = plan.steps(ChannelId(1), Rank(3), ring) else {
-        return 4;
-    };
-    let Ok(mut m) = Machine::new(call, steps, FifoGeometry::NCCL, LinkState::default()) else {
-        return 5;
-    };
     let mut acc = [1u8; 64];
     let src = [2u8; 64];
     if reduce_in_place(DataType::U8, ReduceOp::Sum, &mut acc, &src).is_err() {
         return 6;
     }
-    match m.poll_action() {
-        Ok(Some(Action::Exec(e))) => e.count.wrapping_add(u64::from(acc[0])),
-        _ => 7,
+    match drive() {
+        Ok(actions) => actions.wrapping_add(u64::from(acc[0])),
+        Err(code) => code,
     }
 }
 

@@ -1,18 +1,26 @@
 //! An in-memory executor: runs a collective over `n` ranks' buffers through
-//! the core's state machines, one per (channel, rank), with a seeded random
-//! interleaving of every event (machine polls, exec completions, counter
-//! notifications).
+//! the core's progress engine — one [`Engine`] per rank over all its
+//! channels — with a seeded random interleaving of everything a transport
+//! may reorder: which rank acts next, when each outstanding exec
+//! completes, and when each event arrives. Events travel in order per
+//! connection and direction and in any order across connections, channels
+//! and ranks; consecutive counter updates may merge into the latest (what
+//! a reader of shared memory sees) and a counter may be read twice.
 //!
-//! It models a connection as the receiver's FIFO memory plus the two posted
-//! counters; a notification hands the receiver the *latest* posted value,
-//! as a reader of shared memory would see it. It checks, independently of
-//! the machines, that no slot is overwritten before it was read and that
-//! every slot read holds the step the reader expects.
+//! What it keeps of its own is only the transport: completions → events,
+//! actions → memory work, and the random choice of what happens next. It
+//! checks, independently of the engine, that no slot is overwritten before
+//! it was read, that every slot read holds the step the reader expects,
+//! that no counter goes backwards and, after a clean run, that every slot
+//! sent was read.
+
+use std::collections::VecDeque;
 
 use ringcc_core::fifo::{FifoGeometry, STEPS};
-use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
+use ringcc_core::prim::{slice_result, Action, Exec};
+use ringcc_core::progress::Channel;
 use ringcc_core::topology::{Ring, Topology};
-use ringcc_core::{CallDesc, ChannelId, Error, Plan, Primitive, Rank, ReduceOp};
+use ringcc_core::{ChannelId, Engine, EngineError, Event, Plan, Primitive, Rank, ReduceOp, Stall};
 
 /// Capacity of the executor's topologies.
 pub use ringcc_core::MAX_RANKS;
@@ -72,12 +80,15 @@ pub use ringcc_core::Call;
 /// What a run produced.
 #[derive(Debug)]
 pub struct Report {
-    /// Per rank: its output buffer if every one of its machines finished.
+    /// Per rank: its output buffer if its engine finished the call.
     pub outputs: Vec<Option<Vec<u8>>>,
-    /// Per rank: the first error one of its machines failed with.
-    pub errors: Vec<Option<Error>>,
-    /// Nothing could progress while some machines were unfinished.
+    /// Per rank: the error its engine failed with.
+    pub errors: Vec<Option<EngineError>>,
+    /// Nothing could progress while some rank had neither finished nor
+    /// failed (or the event bound was reached).
     pub stalled: bool,
+    /// Per rank that neither finished nor failed: what it waits for.
+    pub stalls: Vec<Option<Stall>>,
     /// Events processed.
     pub events: u64,
     /// Exec actions carried out.
@@ -91,27 +102,6 @@ impl Report {
             && self.errors.iter().all(Option::is_none)
             && self.outputs.iter().all(Option::is_some)
     }
-}
-
-/// The receiving side of one connection (channel, rank ← predecessor).
-struct Inbox {
-    fifo: Vec<u8>,
-    /// Which step each slot holds, `None` when free.
-    slot_step: [Option<u64>; STEPS as usize],
-    tail: u64,
-    header: Option<(u64, CallDesc)>,
-    notify_tail: bool,
-    head: u64,
-    notify_head: bool,
-}
-
-struct Node<'t> {
-    machine: Machine<Ring<'t, MAX_RANKS>>,
-    pending: Option<Exec>,
-    rank: u32,
-    channel: u32,
-    next: u32,
-    prev: u32,
 }
 
 /// The core's seeded generator.
@@ -151,6 +141,105 @@ pub fn layout(plan: &Plan, rank: u32, in_place: bool) -> Layout {
     }
 }
 
+type RankEngine<'t> = Engine<Ring<'t, MAX_RANKS>, Box<[Channel<Ring<'t, MAX_RANKS>>]>>;
+
+/// One connection (channel, rank ← predecessor): the receiver's FIFO
+/// memory, what both sides posted, and the events on their way.
+struct Conn {
+    fifo: Vec<u8>,
+    /// Which step each slot holds, `None` when free.
+    slot_step: [Option<u64>; STEPS as usize],
+    /// The sender's latest `tail`.
+    tail: u64,
+    /// The receiver's latest `head`.
+    head: u64,
+    /// To the receiver: headers and tails.
+    data: VecDeque<Event>,
+    /// To the sender: heads.
+    credit: VecDeque<Event>,
+    /// The sender's exec whose completion is not yet reported.
+    pending: Option<Exec>,
+}
+
+/// What may happen next. Connection `k = channel * n + rank` is the one
+/// into `rank` on `channel`.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Take one action from rank `r`'s engine.
+    Poll(usize),
+    /// Complete the exec outstanding on rank `k % n`, channel `k / n`
+    /// (kept with the connection into that rank).
+    Complete(usize),
+    /// Deliver connection `k`'s next data event to its receiver.
+    Data(usize),
+    /// Deliver connection `k`'s next credit event to its sender.
+    Credit(usize),
+}
+
+/// The work that may happen next, with uniform random picks.
+struct Ready {
+    n: usize,
+    items: Vec<usize>,
+    /// Where each work id is in `items`.
+    pos: Vec<Option<usize>>,
+}
+
+impl Ready {
+    fn new(n: usize, conns: usize) -> Ready {
+        Ready {
+            n,
+            items: Vec::new(),
+            pos: vec![None; n + 3 * conns],
+        }
+    }
+
+    fn id(&self, w: Work) -> usize {
+        match w {
+            Work::Poll(r) => r,
+            Work::Complete(k) => self.n + 3 * k,
+            Work::Data(k) => self.n + 3 * k + 1,
+            Work::Credit(k) => self.n + 3 * k + 2,
+        }
+    }
+
+    fn work(&self, id: usize) -> Work {
+        if id < self.n {
+            return Work::Poll(id);
+        }
+        let k = (id - self.n) / 3;
+        match (id - self.n) % 3 {
+            0 => Work::Complete(k),
+            1 => Work::Data(k),
+            _ => Work::Credit(k),
+        }
+    }
+
+    fn insert(&mut self, w: Work) {
+        let id = self.id(w);
+        if self.pos[id].is_none() {
+            self.pos[id] = Some(self.items.len());
+            self.items.push(id);
+        }
+    }
+
+    fn remove(&mut self, w: Work) {
+        let id = self.id(w);
+        if let Some(p) = self.pos[id].take() {
+            self.items.swap_remove(p);
+            if let Some(&moved) = self.items.get(p) {
+                self.pos[moved] = Some(p);
+            }
+        }
+    }
+
+    fn pick(&self, rng: &mut Rng) -> Option<Work> {
+        if self.items.is_empty() {
+            return None;
+        }
+        Some(self.work(self.items[rng.below(self.items.len() as u64) as usize]))
+    }
+}
+
 /// Runs one collective. `calls[r]` is rank `r`'s call (all equal for a
 /// correct program); `inputs[r]` its input bytes. Panics only on executor
 /// misuse or on a flow-control violation (the property under test).
@@ -168,243 +257,178 @@ pub fn run_on(
     calls: &[Call],
     inputs: &[Vec<u8>],
 ) -> Report {
-    let n = topo.ranks();
-    assert_eq!(calls.len(), n as usize);
-    assert_eq!(inputs.len(), n as usize);
+    let n = topo.ranks() as usize;
+    assert_eq!(calls.len(), n);
+    assert_eq!(inputs.len(), n);
     let plans: Vec<Plan> = calls
         .iter()
         .map(|c| {
-            Plan::new(
-                c.collective,
-                c.count,
-                c.dtype,
-                n,
-                cfg.channels,
-                cfg.chunk_bytes,
-            )
-            .expect("plan")
+            c.plan(n as u32, cfg.channels, cfg.chunk_bytes)
+                .expect("plan")
         })
         .collect();
     let layouts: Vec<Layout> = (0..n)
-        .map(|r| layout(&plans[r as usize], r, cfg.in_place))
+        .map(|r| layout(&plans[r], r as u32, cfg.in_place))
         .collect();
-    let mut mem: Vec<Vec<u8>> = (0..n as usize)
+    let mut mem: Vec<Vec<u8>> = (0..n)
         .map(|r| {
             let l = layouts[r];
             let mut m = vec![0xEEu8; l.len];
             assert_eq!(
                 inputs[r].len(),
-                plans[r].input_len() as usize * calls[r].dtype.size() as usize
+                plans[r].input_len() as usize * calls[r].elem()
             );
             m[l.input..l.input + inputs[r].len()].copy_from_slice(&inputs[r]);
             m
         })
         .collect();
+    let channels = cfg.channels as usize;
+    let ring = |c: ChannelId| topo.ring(c).expect("ring");
+    // Connection k = c * n + r: into rank r on channel c; next[k] and
+    // prev[k]: the connections into r's successor and predecessor.
+    let (mut next, mut prev) = (vec![0usize; channels * n], vec![0usize; channels * n]);
+    for c in 0..channels {
+        let ring = ring(ChannelId(c as u8));
+        for r in 0..n {
+            next[c * n + r] = c * n + ring.next(Rank(r as u32)).expect("next").0 as usize;
+            prev[c * n + r] = c * n + ring.prev(Rank(r as u32)).expect("prev").0 as usize;
+        }
+    }
     let fifo_bytes = cfg.geometry.fifo_bytes() as usize;
-    let idx = |c: u32, r: u32| (c * n + r) as usize;
-    let mut inbox: Vec<Inbox> = (0..cfg.channels * n)
-        .map(|_| Inbox {
+    let mut conns: Vec<Conn> = (0..channels * n)
+        .map(|_| Conn {
             fifo: vec![0u8; fifo_bytes],
             slot_step: [None; STEPS as usize],
             tail: 0,
-            header: None,
-            notify_tail: false,
             head: 0,
-            notify_head: false,
+            data: VecDeque::new(),
+            credit: VecDeque::new(),
+            pending: None,
         })
         .collect();
-    let mut nodes: Vec<Node<'_>> = Vec::new();
-    for c in 0..cfg.channels {
-        let ring = topo.ring(ChannelId(c as u8)).expect("ring");
-        for r in 0..n {
-            let call = calls[r as usize];
-            let desc = call.desc(0);
-            let steps = plans[r as usize]
-                .steps(ChannelId(c as u8), Rank(r), ring)
-                .expect("steps");
-            let machine =
-                Machine::new(desc, steps, cfg.geometry, LinkState::default()).expect("machine");
-            nodes.push(Node {
-                machine,
-                pending: None,
-                rank: r,
-                channel: c,
-                next: ring.next(Rank(r)).expect("next").0,
-                prev: ring.prev(Rank(r)).expect("prev").0,
-            });
+    let mut ready = Ready::new(n, conns.len());
+    let mut engines: Vec<RankEngine<'_>> = (0..n)
+        .map(|r| {
+            let storage = (0..channels).map(|_| Channel::new()).collect();
+            Engine::new(Rank(r as u32), storage, u64::MAX)
+        })
+        .collect();
+    for (r, e) in engines.iter_mut().enumerate() {
+        // A failure here poisons the engine: it stays in the report.
+        if e.start(0, &calls[r], &plans[r], cfg.geometry, ring).is_ok() {
+            ready.insert(Work::Poll(r));
         }
     }
-    let mut errors: Vec<Option<Error>> = vec![None; n as usize];
     let mut rng = Rng::new(cfg.seed);
-    let mut events = 0u64;
-    let mut execs = 0u64;
-    let stalled;
-    let mut idle = 0usize;
-    // Event kinds: 0 = poll a machine, 1 = complete its exec, 2 = deliver
-    // its tail notification, 3 = deliver its head notification. Pick a
-    // random machine, then a random event it has; a full scan only when
-    // many picks in a row found nothing (to tell a stall from bad luck).
-    let mut kinds: Vec<u8> = Vec::with_capacity(4);
-    let mut misses = 0usize;
-    loop {
-        let i = rng.below(nodes.len() as u64) as usize;
-        kinds.clear();
-        let node = &nodes[i];
-        if node.machine.error().is_none() {
-            let inb = &inbox[i];
-            if node.pending.is_some() {
-                kinds.push(1);
-            } else if !node.machine.is_done() {
-                kinds.push(0);
-            }
-            if inb.notify_tail {
-                kinds.push(2);
-            }
-            if inb.notify_head {
-                kinds.push(3);
-            }
-        }
-        if kinds.is_empty() {
-            misses += 1;
-            if misses > 4 * nodes.len() {
-                misses = 0;
-                let any = nodes.iter().enumerate().any(|(j, nd)| {
-                    nd.machine.error().is_none()
-                        && (nd.pending.is_some()
-                            || !nd.machine.is_done()
-                            || inbox[j].notify_tail
-                            || inbox[j].notify_head)
-                });
-                if !any {
-                    stalled = false;
-                    break;
-                }
-            }
+    let (mut events, mut execs) = (0u64, 0u64);
+    let mut stalled = false;
+    while let Some(work) = ready.pick(&mut rng) {
+        // A failed rank does nothing more and hears nothing.
+        let owner = match work {
+            Work::Poll(r) => r,
+            Work::Complete(k) | Work::Data(k) => k % n,
+            Work::Credit(k) => prev[k] % n,
+        };
+        if engines[owner].failure().is_some() {
+            ready.remove(work);
             continue;
         }
-        misses = 0;
         events += 1;
         if events > cfg.max_events {
             stalled = true;
             break;
         }
-        let kind = kinds[rng.below(kinds.len() as u64) as usize];
-        // The rank an error belongs to (a head goes to the predecessor).
-        let mut who = nodes[i].rank as usize;
-        let result: Result<bool, Error> = match kind {
-            0 => {
-                // Poll until the machine waits; a poll that yields nothing
-                // while others can move is what makes the schedule random.
-                let mut progressed = false;
-                let mut r = Ok(false);
-                loop {
-                    match nodes[i].machine.poll_action() {
-                        Ok(Some(Action::Exec(e))) => {
-                            nodes[i].pending = Some(e);
-                            progressed = true;
-                            break;
-                        }
-                        Ok(Some(Action::ReturnCredit { head })) => {
-                            let ib = &mut inbox[i];
-                            assert!(head >= ib.head, "credit went backwards");
-                            ib.head = head;
-                            // The predecessor's outbox is this inbox.
-                            ib.notify_head = true;
-                            progressed = true;
-                        }
-                        Ok(Some(Action::Done)) => {
-                            progressed = true;
-                            break;
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            r = Err(e);
-                            break;
+        let now = events;
+        // The channel and rank an event goes to.
+        let (to, c, event) = match work {
+            Work::Poll(r) => {
+                match engines[r].poll() {
+                    Ok(Some((c, action))) => {
+                        let k = usize::from(c.0) * n + r;
+                        match action {
+                            Action::Exec(e) => {
+                                assert!(conns[k].pending.is_none(), "two execs outstanding");
+                                conns[k].pending = Some(e);
+                                ready.insert(Work::Complete(k));
+                            }
+                            Action::ReturnCredit { head } => {
+                                assert!(head >= conns[k].head, "credit went backwards");
+                                conns[k].head = head;
+                                conns[k].credit.push_back(Event::Head(head));
+                                ready.insert(Work::Credit(k));
+                            }
+                            Action::Done => {}
                         }
                     }
+                    // Waits for an event, or failed (the engine keeps why).
+                    Ok(None) | Err(_) => ready.remove(work),
                 }
-                r.map(|_| progressed)
+                continue;
             }
-            1 => {
-                let e = nodes[i].pending.take().expect("pending exec");
+            Work::Complete(k) => {
+                ready.remove(work);
+                let e = conns[k].pending.take().expect("pending exec");
                 execs += 1;
-                let (c, r, next) = (nodes[i].channel, nodes[i].rank, nodes[i].next);
+                let r = k % n;
                 carry_out(
                     &e,
-                    &calls[r as usize],
-                    n,
-                    &layouts[r as usize],
-                    &mut mem[r as usize],
-                    &mut inbox,
-                    i,
-                    idx(c, next),
+                    &calls[r],
+                    n as u32,
+                    &layouts[r],
+                    &mut mem[r],
+                    &mut conns,
+                    k,
+                    next[k],
                     &cfg.geometry,
                 );
-                nodes[i].machine.handle_exec_done().map(|_| true)
-            }
-            2 => {
-                let ib = &mut inbox[i];
-                ib.notify_tail = false;
-                let tail = ib.tail;
-                let header = ib.header.take();
-                let m = &mut nodes[i].machine;
-                let hr = match header {
-                    Some((step, desc)) => m.handle_header(step, desc),
-                    None => Ok(()),
-                };
-                hr.and_then(|_| m.handle_tail(tail)).map(|_| true)
-            }
-            _ => {
-                // inbox[i] belongs to node i; its head goes to node i's
-                // predecessor on the same channel.
-                let ib = &mut inbox[i];
-                ib.notify_head = false;
-                let head = ib.head;
-                let (c, prev) = (nodes[i].channel, nodes[i].prev);
-                who = prev as usize;
-                let target = &mut nodes[idx(c, prev)];
-                if target.machine.error().is_some() {
-                    // A dead machine hears nothing; its own error stands.
-                    Ok(true)
-                } else {
-                    target.machine.handle_head(head).map(|_| true)
+                conns[next[k]].data.extend(e.successor_events());
+                if !conns[next[k]].data.is_empty() {
+                    ready.insert(Work::Data(next[k]));
                 }
+                (r, k / n, Event::ExecDone)
+            }
+            Work::Data(k) => {
+                let event = take(&mut conns[k].data, &mut rng);
+                if conns[k].data.is_empty() {
+                    ready.remove(work);
+                }
+                (k % n, k / n, event)
+            }
+            Work::Credit(k) => {
+                let event = take(&mut conns[k].credit, &mut rng);
+                if conns[k].credit.is_empty() {
+                    ready.remove(work);
+                }
+                (prev[k] % n, k / n, event)
             }
         };
-        match result {
-            Ok(true) => idle = 0,
-            Ok(false) => {
-                // Polls that yield nothing: after enough of them in a row
-                // with no delivery or completion possible, the ring is
-                // stuck.
-                idle += 1;
-                if idle > 64 * nodes.len() && !progress_possible(&nodes, &inbox) {
-                    stalled = true;
-                    break;
-                }
-            }
-            Err(e) => {
-                errors[who].get_or_insert(e);
-            }
-        }
-        // Machines that failed are dead; record their errors too.
-        for nd in &nodes {
-            if let Some(e) = nd.machine.error() {
-                errors[nd.rank as usize].get_or_insert(e);
-            }
+        if engines[to].handle(now, ChannelId(c as u8), event).is_ok() {
+            ready.insert(Work::Poll(to));
         }
     }
-    let outputs = (0..n as usize)
+    let now = events;
+    let open = |e: &RankEngine<'_>| !e.is_idle() && e.failure().is_none();
+    stalled |= engines.iter().any(open);
+    let errors: Vec<Option<EngineError>> = engines.iter().map(Engine::failure).collect();
+    let stalls = engines
+        .iter()
+        .map(|e| open(e).then(|| e.stall(now)))
+        .collect();
+    if !stalled && errors.iter().all(Option::is_none) {
+        for (k, conn) in conns.iter().enumerate() {
+            assert!(
+                conn.slot_step.iter().all(Option::is_none),
+                "connection {k}: a slot sent was never read"
+            );
+        }
+    }
+    let outputs = (0..n)
         .map(|r| {
-            let all_done = nodes
-                .iter()
-                .filter(|nd| nd.rank as usize == r)
-                .all(|nd| nd.machine.is_done());
-            if !all_done || errors[r].is_some() {
+            if !engines[r].is_idle() || errors[r].is_some() {
                 return None;
             }
             let l = layouts[r];
-            let outb = plans[r].output_len() as usize * calls[r].dtype.size() as usize;
+            let outb = plans[r].output_len() as usize * calls[r].elem();
             Some(mem[r][l.output..l.output + outb].to_vec())
         })
         .collect();
@@ -412,22 +436,30 @@ pub fn run_on(
         outputs,
         errors,
         stalled,
+        stalls,
         events,
         execs,
     }
 }
 
-/// Whether any exec completion or notification is pending (polls alone
-/// cannot unblock a machine: only these events can).
-fn progress_possible(nodes: &[Node<'_>], inbox: &[Inbox]) -> bool {
-    nodes.iter().enumerate().any(|(j, nd)| {
-        nd.machine.error().is_none()
-            && (nd.pending.is_some() || inbox[j].notify_tail || inbox[j].notify_head)
-    })
+/// The next event of a connection's queue (not empty), as a transport may
+/// present it: consecutive counter updates sometimes merged into the
+/// latest, and a counter sometimes read twice (left in the queue). A
+/// header is never merged, repeated or overtaken.
+fn take(queue: &mut VecDeque<Event>, rng: &mut Rng) -> Event {
+    let counter = |e: &Event| matches!(e, Event::Tail(_) | Event::Head(_));
+    let mut event = queue.pop_front().expect("queued event");
+    while counter(&event) && queue.front().is_some_and(counter) && rng.chance(0.5) {
+        event = queue.pop_front().expect("queued event");
+    }
+    if counter(&event) && rng.chance(0.125) {
+        queue.push_front(event);
+    }
+    event
 }
 
-/// Carries out one exec of node `me` (whose inbox is `inbox[me]`), sending
-/// into `inbox[succ]`.
+/// Carries out one exec of the rank whose connection is `conns[me]`,
+/// sending into `conns[succ]`.
 #[allow(clippy::too_many_arguments)]
 fn carry_out(
     e: &Exec,
@@ -435,36 +467,34 @@ fn carry_out(
     ranks: u32,
     layout: &Layout,
     mem: &mut [u8],
-    inbox: &mut [Inbox],
+    conns: &mut [Conn],
     me: usize,
     succ: usize,
     geometry: &FifoGeometry,
 ) {
-    let es = call.dtype.size() as usize;
+    let es = call.elem();
     let bytes = e.count as usize * es;
     let p = e.primitive;
     let mut result = vec![0u8; bytes];
     let incoming = e.recv.map(|span| {
-        let ib = &mut inbox[me];
+        let conn = &mut conns[me];
         for k in 0..span.slots {
             let s = span.step + k;
             let slot = (s % STEPS) as usize;
             assert_eq!(
-                ib.slot_step[slot],
+                conn.slot_step[slot],
                 Some(s),
                 "slot {slot} does not hold step {s}: lost or duplicated data"
             );
-            ib.slot_step[slot] = None;
+            conn.slot_step[slot] = None;
         }
         let off = span.byte_offset(geometry) as usize;
-        ib.fifo[off..off + bytes].to_vec()
+        conn.fifo[off..off + bytes].to_vec()
     });
-    let local = if p.reads_input() {
+    let local = p.reads_input().then(|| {
         let off = layout.input + e.input_offset as usize * es;
-        Some(mem[off..off + bytes].to_vec())
-    } else {
-        None
-    };
+        mem[off..off + bytes].to_vec()
+    });
     slice_result(
         p,
         call.dtype,
@@ -480,25 +510,23 @@ fn carry_out(
         mem[off..off + bytes].copy_from_slice(&result);
     }
     if let Some(span) = e.send {
-        let ib = &mut inbox[succ];
+        let conn = &mut conns[succ];
         for k in 0..span.slots {
             let s = span.step + k;
             let slot = (s % STEPS) as usize;
             assert_eq!(
-                ib.slot_step[slot], None,
+                conn.slot_step[slot], None,
                 "slot {slot} overwritten before it was read (step {s})"
             );
-            ib.slot_step[slot] = Some(s);
+            conn.slot_step[slot] = Some(s);
         }
         let off = span.byte_offset(geometry) as usize;
-        assert!(off + bytes <= ib.fifo.len(), "slice larger than its slots");
-        ib.fifo[off..off + bytes].copy_from_slice(&result);
-        if let Some(h) = e.header {
-            assert!(ib.header.is_none(), "header mailbox overwritten");
-            ib.header = Some((span.step, h));
-        }
-        assert!(span.end() >= ib.tail, "tail went backwards");
-        ib.tail = span.end();
-        ib.notify_tail = true;
+        assert!(
+            off + bytes <= conn.fifo.len(),
+            "slice larger than its slots"
+        );
+        conn.fifo[off..off + bytes].copy_from_slice(&result);
+        assert!(span.end() >= conn.tail, "tail went backwards");
+        conn.tail = span.end();
     }
 }

@@ -1,19 +1,24 @@
 //! Ranks as real threads, connected by the core's shared-memory FIFOs
-//! ([`ShmFifo`]: atomics, release on post, acquire on wait), each driven by
-//! the core's firmware [`BlockingDriver`] with bounded waits. The same
-//! machines as every backend; here the concurrency is real.
+//! ([`ShmFifo`]: atomics, release on post, acquire on wait). Each rank is
+//! one [`Engine`] over all its channels, driven by the core's firmware
+//! [`BlockingDriver`] with bounded waits: the same engine as every
+//! backend; here the concurrency is real. What this file keeps is the
+//! transport only: an exec's memory and FIFO work, credit posts, and the
+//! counters it reads back as events.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use embedded_hal::delay::DelayNs;
-use ringcc_core::driver::{BlockingDriver, DriverError, Event, Transport};
+use ringcc_core::driver::{BlockingDriver, DriverError, Transport};
 use ringcc_core::fifo::{FifoGeometry, ShmFifo};
-use ringcc_core::prim::{slice_result, Action, Exec, LinkState, Machine};
+use ringcc_core::prim::{slice_result, Action, Exec};
+use ringcc_core::progress::Channel;
 use ringcc_core::topology::Topology;
 use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
-use ringcc_core::{ChannelId, Plan, Primitive, Rank};
+use ringcc_core::{ChannelId, Engine, Event, Primitive, Rank};
 
 use crate::exec::{layout, Call, Layout, MAX_RANKS};
 
@@ -42,9 +47,44 @@ impl Conn {
             header_step: AtomicU64::new(NO_HEADER),
         }
     }
+
+    fn read_span(&self, step: u64, slots: u64, bytes: usize) -> Result<Vec<u8>, ShmError> {
+        let mut out = Vec::with_capacity(bytes);
+        let mut words = [0u64; WORDS];
+        for k in 0..slots {
+            let n = self
+                .fifo
+                .read_slot(step + k, &mut words)
+                .map_err(ShmError::Slot)?;
+            for w in &words[..n] {
+                out.extend_from_slice(&w.to_ne_bytes());
+            }
+        }
+        out.truncate(bytes);
+        Ok(out)
+    }
+
+    fn write_span(
+        &self,
+        step: u64,
+        slots: u64,
+        slot_bytes: usize,
+        data: &[u8],
+    ) -> Result<(), ShmError> {
+        for k in 0..slots as usize {
+            let lo = (k * slot_bytes).min(data.len());
+            let hi = ((k + 1) * slot_bytes).min(data.len());
+            let words = bytes_to_words(&data[lo..hi]);
+            self.fifo
+                .write_slot(step + k as u64, &words)
+                .map_err(ShmError::Slot)?;
+        }
+        Ok(())
+    }
 }
 
-/// A `DelayNs` that really sleeps (so the driver's bound is wall time).
+/// A `DelayNs` that really sleeps: the driver's clock counts the sleeps it
+/// asked for, so its deadline is at least that much wall time.
 pub struct Sleep;
 
 impl DelayNs for Sleep {
@@ -53,18 +93,28 @@ impl DelayNs for Sleep {
     }
 }
 
-struct RankTransport<'a> {
+/// One channel of a rank: the connection into it (from its predecessor)
+/// and the one out of it (into its successor), and what was seen of them.
+struct Link<'a> {
     inbox: &'a Conn,
     outbox: &'a Conn,
+    tail_seen: u64,
+    head_seen: u64,
+    header_seen: u64,
+}
+
+/// One rank over all its channels.
+struct RankTransport<'a> {
+    links: Vec<Link<'a>>,
     call: Call,
     ranks: u32,
     layout: Layout,
     mem: &'a mut [u8],
     geometry: FifoGeometry,
-    done: bool,
-    tail_seen: u64,
-    head_seen: u64,
-    header_seen: u64,
+    /// Channels whose exec completed, in order, not yet reported.
+    done: VecDeque<ChannelId>,
+    /// The channel `poll` looks at first (round robin).
+    cursor: usize,
 }
 
 /// What a transport can fail with.
@@ -85,43 +135,13 @@ fn bytes_to_words(b: &[u8]) -> Vec<u64> {
 }
 
 impl RankTransport<'_> {
-    fn read_span(&self, step: u64, slots: u64, bytes: usize) -> Result<Vec<u8>, ShmError> {
-        let mut out = Vec::with_capacity(bytes);
-        let mut words = [0u64; WORDS];
-        for k in 0..slots {
-            let n = self
-                .inbox
-                .fifo
-                .read_slot(step + k, &mut words)
-                .map_err(ShmError::Slot)?;
-            for w in &words[..n] {
-                out.extend_from_slice(&w.to_ne_bytes());
-            }
-        }
-        out.truncate(bytes);
-        Ok(out)
-    }
-
-    fn write_span(&self, step: u64, slots: u64, data: &[u8]) -> Result<(), ShmError> {
-        let slot_bytes = self.geometry.slot_bytes() as usize;
-        for k in 0..slots as usize {
-            let lo = (k * slot_bytes).min(data.len());
-            let hi = ((k + 1) * slot_bytes).min(data.len());
-            let words = bytes_to_words(&data[lo..hi]);
-            self.outbox
-                .fifo
-                .write_slot(step + k as u64, &words)
-                .map_err(ShmError::Slot)?;
-        }
-        Ok(())
-    }
-
-    fn exec(&mut self, e: &Exec) -> Result<(), ShmError> {
+    fn exec(&mut self, c: usize, e: &Exec) -> Result<(), ShmError> {
+        let (inbox, outbox) = (self.links[c].inbox, self.links[c].outbox);
         let es = self.call.dtype.size() as usize;
         let bytes = e.count as usize * es;
         let p = e.primitive;
         let incoming = match e.recv {
-            Some(span) => Some(self.read_span(span.step, span.slots, bytes)?),
+            Some(span) => Some(inbox.read_span(span.step, span.slots, bytes)?),
             None => None,
         };
         let local = p.reads_input().then(|| {
@@ -144,44 +164,31 @@ impl RankTransport<'_> {
             self.mem[off..off + bytes].copy_from_slice(&result);
         }
         if let Some(span) = e.send {
-            self.write_span(span.step, span.slots, &result)?;
+            let slot_bytes = self.geometry.slot_bytes() as usize;
+            outbox.write_span(span.step, span.slots, slot_bytes, &result)?;
             if let Some(desc) = e.header {
                 let buf = CallHeaderRepr {
                     desc,
                     step: span.step as u32,
                 }
                 .to_bytes();
-                for (w, v) in self.outbox.header.iter().zip(bytes_to_words(&buf)) {
+                for (w, v) in outbox.header.iter().zip(bytes_to_words(&buf)) {
                     w.store(v, Ordering::Relaxed);
                 }
-                self.outbox.header_step.store(span.step, Ordering::Relaxed);
+                outbox.header_step.store(span.step, Ordering::Relaxed);
             }
             // Release: data and header before the counter.
-            self.outbox.fifo.tail().post(span.end());
+            outbox.fifo.tail().post(span.end());
         }
         Ok(())
     }
 }
 
-impl Transport for RankTransport<'_> {
-    type Error = ShmError;
-
-    fn execute(&mut self, action: &Action) -> Result<(), ShmError> {
-        match action {
-            Action::Exec(e) => {
-                self.exec(e)?;
-                self.done = true;
-            }
-            Action::ReturnCredit { head } => self.inbox.fifo.head().post(*head),
-            Action::Done => {}
-        }
-        Ok(())
-    }
-
-    fn poll(&mut self) -> Result<Option<Event>, ShmError> {
-        if std::mem::take(&mut self.done) {
-            return Ok(Some(Event::ExecDone));
-        }
+impl Link<'_> {
+    /// What this channel's counters show that was not reported yet: the
+    /// predecessor's header (once the `tail` covering it is visible), its
+    /// `tail`, the successor's `head`.
+    fn poll(&mut self) -> Option<Event> {
         let tail = self.inbox.fifo.tail().load();
         if tail > self.tail_seen {
             // The acquire above makes the header written before it visible.
@@ -194,18 +201,50 @@ impl Transport for RankTransport<'_> {
                 }
                 let repr = CallHeaderRepr::parse(&CallHeader::new_unchecked(&buf[..]))
                     .expect("call header");
-                return Ok(Some(Event::Header {
+                return Some(Event::Header {
                     step: hs,
                     desc: repr.desc,
-                }));
+                });
             }
             self.tail_seen = tail;
-            return Ok(Some(Event::Tail(tail)));
+            return Some(Event::Tail(tail));
         }
         let head = self.outbox.fifo.head().load();
         if head > self.head_seen {
             self.head_seen = head;
-            return Ok(Some(Event::Head(head)));
+            return Some(Event::Head(head));
+        }
+        None
+    }
+}
+
+impl Transport for RankTransport<'_> {
+    type Error = ShmError;
+
+    fn execute(&mut self, channel: ChannelId, action: &Action) -> Result<(), ShmError> {
+        let c = usize::from(channel.0);
+        match action {
+            Action::Exec(e) => {
+                self.exec(c, e)?;
+                self.done.push_back(channel);
+            }
+            Action::ReturnCredit { head } => self.links[c].inbox.fifo.head().post(*head),
+            Action::Done => {}
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Option<(ChannelId, Event)>, ShmError> {
+        if let Some(c) = self.done.pop_front() {
+            return Ok(Some((c, Event::ExecDone)));
+        }
+        let n = self.links.len();
+        for i in 0..n {
+            let c = (self.cursor + i) % n;
+            if let Some(event) = self.links[c].poll() {
+                self.cursor = (c + 1) % n;
+                return Ok(Some((ChannelId(c as u8), event)));
+            }
         }
         Ok(None)
     }
@@ -216,7 +255,8 @@ pub type RankResult = Result<Vec<u8>, DriverError<ShmError>>;
 
 /// Runs one collective with a thread per rank on `nodes × gpus` ranks and
 /// `channels` channels; `calls[r]`, `inputs[r]` as for the executor.
-/// `absent` ranks never start (their peers must time out).
+/// `absent` ranks never start (their peers must time out after `timeout`
+/// of the driver's sleep).
 pub fn run_threads(
     nodes: u32,
     gpus: u32,
@@ -242,34 +282,39 @@ pub fn run_threads(
                 inputs[r as usize].clone(),
             );
             Some(std::thread::spawn(move || -> RankResult {
-                let plan =
-                    Plan::new(call.collective, call.count, call.dtype, n, channels, 64).unwrap();
+                let plan = call.plan(n, channels, 64).unwrap();
                 let lay = layout(&plan, r, false);
                 let mut mem = vec![0u8; lay.len];
                 mem[lay.input..lay.input + input.len()].copy_from_slice(&input);
-                let desc = call.desc(0);
-                let mut driver = BlockingDriver::new(Sleep, 20_000, timeout.as_nanos() as u64);
-                for c in 0..channels {
-                    let ring = topo.ring(ChannelId(c as u8)).unwrap();
-                    let next = ring.next(Rank(r)).unwrap().0;
-                    let steps = plan.steps(ChannelId(c as u8), Rank(r), ring).unwrap();
-                    let mut m = Machine::new(desc, steps, geometry, LinkState::default())?;
-                    let mut t = RankTransport {
-                        inbox: &conns[(c * n + r) as usize],
-                        outbox: &conns[(c * n + next) as usize],
-                        call,
-                        ranks: n,
-                        layout: lay,
-                        mem: &mut mem,
-                        geometry,
-                        done: false,
-                        tail_seen: 0,
-                        head_seen: 0,
-                        header_seen: NO_HEADER,
-                    };
-                    driver.run(&mut m, &mut t)?;
-                }
-                let out = plan.output_len() as usize * call.dtype.size() as usize;
+                let ring = |c: ChannelId| topo.ring(c).unwrap();
+                let storage = vec![Channel::new(); channels as usize].into_boxed_slice();
+                let mut engine = Engine::new(Rank(r), storage, timeout.as_nanos() as u64);
+                let mut driver = BlockingDriver::new(Sleep, 20_000);
+                engine.start(driver.now(), &call, &plan, geometry, ring)?;
+                let links = (0..channels)
+                    .map(|c| {
+                        let next = ring(ChannelId(c as u8)).next(Rank(r)).unwrap().0;
+                        Link {
+                            inbox: &conns[(c * n + r) as usize],
+                            outbox: &conns[(c * n + next) as usize],
+                            tail_seen: 0,
+                            head_seen: 0,
+                            header_seen: NO_HEADER,
+                        }
+                    })
+                    .collect();
+                let mut t = RankTransport {
+                    links,
+                    call,
+                    ranks: n,
+                    layout: lay,
+                    mem: &mut mem,
+                    geometry,
+                    done: VecDeque::new(),
+                    cursor: 0,
+                };
+                driver.run(&mut engine, &mut t)?;
+                let out = plan.output_len() as usize * call.elem();
                 Ok(mem[lay.output..lay.output + out].to_vec())
             }))
         })

@@ -100,10 +100,11 @@ fn outputs(c: &Case, seed: u64) -> Vec<Option<Vec<u8>>> {
     let report = run(&cfg, &vec![c.call; n as usize], &inputs);
     assert!(
         report.ok(),
-        "{:?}: errors {:?} stalled {}",
+        "{:?}: errors {:?} stalled {} {:?}",
         c,
         report.errors,
-        report.stalled
+        report.stalled,
+        report.stalls
     );
     report.outputs
 }

@@ -2,7 +2,7 @@
 //! edge cases of the plan, and mismatched calls.
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::{Collective, DataType, Error, Plan, Rank, ReduceOp};
+use ringcc_core::{Collective, DataType, EngineError, Error, Plan, Rank, ReduceOp};
 use ringcc_tests::exec::{run, Call, Config};
 use ringcc_tests::reference::{expected, input};
 
@@ -21,9 +21,10 @@ fn check(cfg: &Config, call: Call, salt: u64) {
     let report = run(cfg, &vec![call; n as usize], &inputs);
     assert!(
         report.ok(),
-        "{call:?} on {cfg:?}: {:?} stalled={}",
+        "{call:?} on {cfg:?}: {:?} stalled={} {:?}",
         report.errors,
-        report.stalled
+        report.stalled,
+        report.stalls
     );
     for r in 0..n {
         if let Some(want) = expected(&plan, call.op, r, salt) {
@@ -182,14 +183,22 @@ fn mismatched_count_is_detected_and_nobody_reports_success() {
         // sending); at least one of them fails with MismatchedCall, and
         // nobody else fails with anything but that.
         let succ = (bad_rank + 1) % 4;
-        let mismatch = |r: usize| matches!(report.errors[r], Some(Error::MismatchedCall { .. }));
+        let mismatch = |r: usize| {
+            matches!(
+                report.errors[r],
+                Some(EngineError::Machine {
+                    source: Error::MismatchedCall { .. },
+                    ..
+                })
+            )
+        };
         assert!(mismatch(bad_rank) || mismatch(succ), "{:?}", report.errors);
         assert!(
             report
                 .errors
                 .iter()
                 .flatten()
-                .all(|e| matches!(e, Error::MismatchedCall { .. })),
+                .all(|e| matches!(e.core(), Some(Error::MismatchedCall { .. }))),
             "{:?}",
             report.errors
         );

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ringcc_core::driver::DriverError;
-use ringcc_core::{Collective, DataType, Error, Plan, Rank, ReduceOp};
+use ringcc_core::{Collective, DataType, EngineError, Error, Plan, Rank, ReduceOp};
 use ringcc_tests::exec::Call;
 use ringcc_tests::reference::{expected, input};
 use ringcc_tests::shm::run_threads;
@@ -89,7 +89,7 @@ fn an_absent_rank_makes_the_others_time_out() {
     for r in [0, 1, 3] {
         let res = results[r].as_ref().unwrap();
         assert!(
-            matches!(res, Err(DriverError::Timeout { .. })),
+            matches!(res, Err(DriverError::Engine(EngineError::Timeout(_)))),
             "rank {r}: {res:?}"
         );
     }
@@ -115,7 +115,10 @@ fn a_mismatched_call_is_detected() {
         .filter(|r| {
             matches!(
                 r,
-                Some(Err(DriverError::Machine(Error::MismatchedCall { .. })))
+                Some(Err(DriverError::Engine(EngineError::Machine {
+                    source: Error::MismatchedCall { .. },
+                    ..
+                })))
             )
         })
         .count();
