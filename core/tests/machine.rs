@@ -286,3 +286,31 @@ fn a_header_twice_or_at_the_wrong_step_is_refused() {
     // A refused header poisons the machine.
     assert!(m.poll_action().is_err());
 }
+
+/// The credit for a slice may overtake the slice's own completion (a send
+/// completion and the peer's credit come on different queues): accepted up
+/// to the end of the slice in flight, and no further; the machine is not
+/// done before its exec is.
+#[test]
+fn credit_may_overtake_the_completion_of_the_slice_it_covers() {
+    let mut m = machine();
+    let e = exec(&mut m);
+    assert_eq!(e.send.unwrap().end(), 1);
+    m.handle_head(1).unwrap();
+    assert_eq!(m.poll_action(), Ok(None), "its slice is still outstanding");
+    m.handle_exec_done().unwrap();
+    let e = exec(&mut m);
+    assert_eq!(e.send.unwrap().end(), 2);
+    assert_eq!(
+        m.handle_head(3),
+        Err(Error::Protocol(ProtocolViolation::HeadAhead))
+    );
+    // Without a send in flight, nothing beyond what was posted.
+    let mut m = machine();
+    let _ = exec(&mut m);
+    m.handle_exec_done().unwrap();
+    assert_eq!(
+        m.handle_head(2),
+        Err(Error::Protocol(ProtocolViolation::HeadAhead))
+    );
+}

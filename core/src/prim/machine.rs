@@ -489,13 +489,26 @@ impl<M: RingOrder> Machine<M> {
     }
 
     /// The successor's `head` counter moved to `head`.
+    ///
+    /// The credit for the slice outstanding may come before its own
+    /// completion (a transport that raises the send's completion and the
+    /// peer's credit on different queues cannot order them): a `head` up to
+    /// the end of that slice is accepted.
     #[inline]
     pub fn handle_head(&mut self, head: u64) -> Result<(), Error> {
         self.live()?;
         if head < self.send_head {
             return Err(self.fail(Error::Protocol(ProtocolViolation::HeadBackwards)));
         }
-        if head > self.send_next {
+        let in_flight =
+            self.phase == Phase::Busy && self.current.primitive.contains(Primitive::SEND);
+        let limit = if in_flight {
+            self.send_next
+                .saturating_add(u64::from(self.slots_per_slice))
+        } else {
+            self.send_next
+        };
+        if head > limit {
             return Err(self.fail(Error::Protocol(ProtocolViolation::HeadAhead)));
         }
         self.send_head = head;
