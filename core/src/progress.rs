@@ -107,7 +107,8 @@ impl<M> Channel<M> {
         }
     }
 
-    /// The channel's machine (the current call's, or the last one's).
+    /// The channel's machine: the current call's, or the last one's
+    /// (none while the running call leaves the channel out).
     pub fn machine(&self) -> Option<&Machine<M>> {
         self.machine.as_ref()
     }
@@ -354,7 +355,8 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
         }
     }
 
-    /// The machine of channel `c` (the running call's or the last one's).
+    /// The machine of channel `c` (the running call's or the last one's;
+    /// none while the running call leaves the channel out).
     pub fn machine(&self, c: ChannelId) -> Option<&Machine<M>> {
         self.channel(c).and_then(Channel::machine)
     }
@@ -462,6 +464,14 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
                 return Err(if peer { self.poison(e) } else { e });
             }
         }
+        // A channel this call leaves out keeps its counters for a later
+        // call, without the machine of an earlier one: an early header on
+        // it belongs to the next call, not to the one that machine ran.
+        for ch in self.channels.as_mut().iter_mut().skip(used as usize) {
+            if let Some(m) = ch.machine.take() {
+                ch.link = m.link();
+            }
+        }
         self.call = Some(desc);
         self.used = u8::try_from(used).unwrap_or(u8::MAX);
         self.open = mask(used);
@@ -485,6 +495,13 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     pub fn handle(&mut self, now: u64, c: ChannelId, event: Event) -> Result<(), EngineError> {
         self.check()?;
         let capacity = self.capacity();
+        // The call an early header on a channel without a machine belongs
+        // to: the next one (a channel the running call leaves out), or the
+        // one about to start.
+        let next_seq = match self.call {
+            Some(_) => self.seq.wrapping_add(1),
+            None => self.seq,
+        };
         let i = u32::from(c.0);
         let Some(ch) = self
             .channels
@@ -507,7 +524,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
                 Event::Head(h) if h <= m.send_head() => Ok(()),
                 Event::Head(h) => m.handle_head(h).map_err(|e| ("handle_head", e)),
             },
-            None => idle_event(&mut ch.link, self.seq, event),
+            None => idle_event(&mut ch.link, next_seq, event),
         };
         if let Err((during, source)) = r {
             return Err(self.poison(EngineError::Machine {
@@ -626,8 +643,9 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     }
 }
 
-/// An event for a channel without a machine yet (never used): only the
-/// predecessor's first header and data may come early.
+/// An event for a channel without a machine (never used, or left out of
+/// the running call): only the predecessor's header for call `seq` and
+/// its data may come early.
 fn idle_event(link: &mut LinkState, seq: u64, event: Event) -> Result<(), (&'static str, Error)> {
     match event {
         Event::Tail(t) if t < link.recv_tail => Err((
