@@ -9,7 +9,7 @@ mod engine_world;
 
 use engine_world::{CallSpec, Mode, Perm, World, CAP};
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::prim::{Action, Blocked};
+use ringcc_core::prim::{Action, Blocked, LinkState};
 use ringcc_core::progress::{ArrayEngine, Channel, Engine, EngineError, Event, Stall};
 use ringcc_core::rng::Rng;
 use ringcc_core::{
@@ -451,7 +451,7 @@ fn abort_poisons_running_or_idle() {
 }
 
 #[test]
-fn a_start_that_cannot_work_poisons() {
+fn a_start_that_cannot_work_is_refused_and_loses_nothing() {
     let call = Call::all_reduce(8, DataType::I32, ReduceOp::Sum);
     // The plan of another call.
     let mut e = engine(0);
@@ -462,8 +462,9 @@ fn a_start_that_cannot_work_poisons() {
         .start(0, &call, &other, g(), |_| InOrderRing { ranks: 1 })
         .unwrap_err();
     assert_eq!(err, machine_err(0, "Machine::new", Error::PlanMismatch));
-    assert_poisoned(&mut e, err);
-    // A ring of the wrong size (channel 1's).
+    assert_refused(&mut e, &call);
+    // A ring of the wrong size (channel 1's): channel 0, already given
+    // its machine, goes back to what it had.
     let mut e = engine(0);
     let plan = call.plan(2, 2, 16).unwrap();
     let err = e
@@ -472,7 +473,9 @@ fn a_start_that_cannot_work_poisons() {
         })
         .unwrap_err();
     assert_eq!(err, machine_err(1, "Plan::steps", Error::BadTopology));
-    assert_poisoned(&mut e, err);
+    assert!(e.machine(ChannelId(0)).is_none());
+    assert_eq!(e.link(ChannelId(0)), LinkState::default());
+    assert_refused(&mut e, &call);
     // A chunk the FIFO cannot pipeline.
     let mut e = engine(0);
     let plan = call.plan(2, 1, 128).unwrap();
@@ -488,6 +491,23 @@ fn a_start_that_cannot_work_poisons() {
     ));
     let text = err.to_string();
     assert!(text.starts_with("channel 0 (Machine::new): "), "{text}");
+    assert_refused(&mut e, &call);
+}
+
+/// A refused start leaves the engine idle, unpoisoned, its sequence
+/// number unused: the right call then runs.
+fn assert_refused(e: &mut One, call: &Call) {
+    assert_eq!(e.failure(), None);
+    assert!(e.is_idle());
+    assert_eq!(e.seq(), 0);
+    let plan = call.plan(1, 1, 16).unwrap();
+    let desc = e
+        .start(0, call, &plan, g(), |_| InOrderRing { ranks: 1 })
+        .unwrap();
+    assert_eq!(desc.seq, 0);
+    assert!(run_alone(e) > 0);
+    assert!(e.is_idle());
+    assert_eq!(e.seq(), 1);
 }
 
 // ---- events no correct peer sends ---------------------------------------
