@@ -8,9 +8,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use ringcc_core::{Collective, Rank, ReduceOp};
 
 use crate::config::Config;
+use crate::device::cuda::CudaDevice;
 use crate::driver;
 use crate::dtype::CollType;
-use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::kernel::ModuleKey;
@@ -26,11 +26,17 @@ use crate::state::CommState;
 /// buffers are ordered against other work through cudarc's stream and
 /// event tracking. [`Comm::synchronize`] waits (with the configured
 /// deadline).
+///
+/// [`Comm::close`] ends it and reports what a drop can only log: work
+/// that did not finish, a device error, or a communicator an earlier
+/// failure poisoned.
 #[derive(Debug)]
 pub struct Comm {
     pub(crate) state: CommState,
-    pub(crate) engine: CudaEngine,
+    pub(crate) device: CudaDevice,
     contexts: HashMap<usize, Arc<CudaContext>>,
+    /// [`Comm::close`] ran: the drop has nothing left to do.
+    closed: bool,
 }
 
 impl Comm {
@@ -90,11 +96,12 @@ impl Comm {
             devices = ?layout.distinct_devices(),
             "ringcc-cuda: communicator"
         );
-        let engine = CudaEngine::new(layout.clone(), contexts.clone(), streams, config.waves)?;
+        let device = CudaDevice::new(layout.clone(), contexts.clone(), streams, config.waves)?;
         Ok(Comm {
             state: CommState::new(layout, config)?,
-            engine,
+            device,
             contexts,
+            closed: false,
         })
     }
 
@@ -116,13 +123,13 @@ impl Comm {
     /// Rank `rank`'s stream: allocate its buffers and order its work there.
     pub fn stream(&self, rank: Rank) -> Result<&Arc<CudaStream>> {
         self.check_rank(rank)?;
-        self.engine.stream(StreamId::User(rank))
+        self.device.stream(StreamId::User(rank))
     }
 
     pub(crate) fn check_rank(&self, rank: Rank) -> Result<()> {
         if rank.0 >= self.ranks() {
             return Err(Error::RankOutOfRange {
-                rank: rank.0,
+                rank,
                 ranks: self.ranks(),
             });
         }
@@ -132,7 +139,7 @@ impl Comm {
     /// Compiles and loads the kernels of (`dtype`, `op`) on every device
     /// now rather than at the first call that needs them.
     pub fn prepare(&mut self, dtype: ringcc_core::DataType, op: ReduceOp) -> Result<()> {
-        self.engine.prepare(ModuleKey { dtype, op })
+        self.device.prepare(ModuleKey { dtype, op })
     }
 
     /// Starts a group: one call per rank, then [`Group::launch`].
@@ -240,13 +247,13 @@ impl Comm {
         let deadline = Instant::now() + timeout;
         let mut events = Vec::new();
         for r in 0..self.ranks() {
-            let s = self.engine.stream(StreamId::User(Rank(r)))?;
+            let s = self.device.stream(StreamId::User(Rank(r)))?;
             events.push(
                 s.record_event(None)
                     .map_err(Error::driver("cuEventRecord"))?,
             );
         }
-        for s in self.engine.channel_streams() {
+        for s in self.device.channel_streams() {
             events.push(
                 s.record_event(None)
                     .map_err(Error::driver("cuEventRecord"))?,
@@ -259,7 +266,7 @@ impl Comm {
                 }
                 if Instant::now() > deadline {
                     return Err(Error::Timeout {
-                        waiting_for: "the device to finish the enqueued collectives",
+                        waiting_for: "the device to finish the enqueued collectives".into(),
                         after: timeout,
                     });
                 }
@@ -272,13 +279,51 @@ impl Comm {
         }
         Ok(())
     }
+
+    /// The first failure of this communicator, if one poisoned it.
+    pub fn failure(&self) -> Option<&str> {
+        self.state.failure()
+    }
+
+    /// Ends the communicator: waits for the enqueued work (with the
+    /// configured deadline), then frees the FIFOs. Reports what a drop can
+    /// only log: a communicator an earlier failure poisoned
+    /// ([`Error::Poisoned`] with its cause, and what finishing the work
+    /// then said, if it failed too), or a device error or deadline while
+    /// finishing (the [`synchronize`](Comm::synchronize) error).
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        let finished = self.synchronize();
+        closing(self.state.failure(), finished)
+    }
 }
 
 impl Drop for Comm {
+    /// Best effort: waits for the enqueued work, and logs what
+    /// [`Comm::close`] would have returned.
     fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
         // The FIFOs are freed after this; nothing may still use them.
         if let Err(e) = self.synchronize() {
             tracing::error!(error = %e, "ringcc-cuda: communicator dropped with unfinished work");
+        } else if let Some(cause) = self.state.failure() {
+            tracing::warn!(cause, "ringcc-cuda: poisoned communicator dropped");
         }
+    }
+}
+
+/// What [`Comm::close`] and [`HostComm::close`](crate::HostComm::close)
+/// report: the poisoning failure first, else how finishing went.
+pub(crate) fn closing(poisoned: Option<&str>, finished: Result<()>) -> Result<()> {
+    match (poisoned, finished) {
+        (Some(cause), Ok(())) => Err(Error::Poisoned {
+            cause: cause.to_owned(),
+        }),
+        (Some(cause), Err(e)) => Err(Error::Poisoned {
+            cause: format!("{cause}; then, closing: {e}"),
+        }),
+        (None, finished) => finished,
     }
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use cudarc::driver::DriverError;
+use ringcc_core::{ChannelId, EngineError, Rank};
 
 /// Everything that can go wrong in the CUDA backend. Each variant names the
 /// call or check that failed and carries its cause.
@@ -53,9 +54,12 @@ pub enum Error {
         /// Devices present.
         count: usize,
     },
-    /// The core rejected a call or a protocol event (plan, state machine).
+    /// The core rejected a call or a protocol event (plan, a channel's
+    /// state machine in a rank's engine).
     Core {
-        /// The core function that failed.
+        /// The channel whose machine failed, when one did.
+        channel: Option<ChannelId>,
+        /// The core function (or engine operation) that failed.
         call: &'static str,
         /// The core's error.
         source: ringcc_core::Error,
@@ -76,24 +80,24 @@ pub enum Error {
     /// A rank of a group call was given twice.
     DuplicateRank {
         /// The rank.
-        rank: u32,
+        rank: Rank,
     },
     /// A group was launched before every rank made its call.
     MissingRank {
         /// The first rank without a call.
-        rank: u32,
+        rank: Rank,
     },
     /// A rank outside the communicator.
     RankOutOfRange {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The communicator's ranks.
         ranks: u32,
     },
     /// A user buffer is shorter than the collective needs.
     BadBuffer {
         /// The rank the buffer belongs to.
-        rank: u32,
+        rank: Rank,
         /// `"send"` or `"recv"`.
         which: &'static str,
         /// Bytes the call needs.
@@ -104,7 +108,7 @@ pub enum Error {
     /// A user buffer lives on another device than its rank.
     WrongDevice {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The rank's device ordinal.
         expected: usize,
         /// The buffer's device ordinal.
@@ -122,17 +126,21 @@ pub enum Error {
         /// Bytes in the buffer.
         capacity: u64,
     },
-    /// A wait ran past its deadline.
+    /// A wait ran past its deadline: a rank's engine saw nothing happen
+    /// for the configured timeout, or the device did not finish in time.
     Timeout {
-        /// What was waited for.
-        waiting_for: &'static str,
-        /// The deadline that passed.
+        /// What was waited for: the engine's stall report (rank, call,
+        /// channel and what it waits for), or the device.
+        waiting_for: String,
+        /// How long nothing happened.
         after: Duration,
     },
-    /// The progress loop could make no further progress although some
-    /// (channel, rank) is not done: the machines wait on each other.
+    /// Nothing can happen any more although a call is not done: every
+    /// rank of this process waits for another (the progress loop sees
+    /// them all), or a fake-device stream waits for an event never
+    /// recorded.
     Stalled {
-        /// Which machines are not done, and what they wait for.
+        /// The engines' stall reports (rank, channel, what it waits for).
         detail: String,
     },
     /// The fake device saw FIFO slots used out of order (written before
@@ -173,17 +181,28 @@ impl std::fmt::Display for Error {
             Error::NoDevice { ordinal, count } => {
                 write!(f, "no CUDA device {ordinal} ({count} present)")
             }
-            Error::Core { call, source } => write!(f, "{call}: {source}"),
+            Error::Core {
+                channel: Some(c),
+                call,
+                source,
+            } => write!(f, "channel {} ({call}): {source}", c.0),
+            Error::Core {
+                channel: None,
+                call,
+                source,
+            } => write!(f, "{call}: {source}"),
             Error::BadConfig { what } => write!(f, "bad configuration: {what}"),
             Error::RankCount { expected, got } => {
                 write!(f, "expected one buffer per rank ({expected}), got {got}")
             }
-            Error::DuplicateRank { rank } => write!(f, "rank {rank} called twice in one group"),
+            Error::DuplicateRank { rank } => {
+                write!(f, "rank {} called twice in one group", rank.0)
+            }
             Error::MissingRank { rank } => {
-                write!(f, "group launched without a call from rank {rank}")
+                write!(f, "group launched without a call from rank {}", rank.0)
             }
             Error::RankOutOfRange { rank, ranks } => {
-                write!(f, "rank {rank} out of range for {ranks} ranks")
+                write!(f, "rank {} out of range for {ranks} ranks", rank.0)
             }
             Error::BadBuffer {
                 rank,
@@ -192,7 +211,8 @@ impl std::fmt::Display for Error {
                 got,
             } => write!(
                 f,
-                "rank {rank}'s {which} buffer has {got} B, the collective needs {expected} B"
+                "rank {}'s {which} buffer has {got} B, the collective needs {expected} B",
+                rank.0
             ),
             Error::WrongDevice {
                 rank,
@@ -200,7 +220,8 @@ impl std::fmt::Display for Error {
                 got,
             } => write!(
                 f,
-                "rank {rank}'s buffer is on device {got}, the rank runs on device {expected}"
+                "rank {}'s buffer is on device {got}, the rank runs on device {expected}",
+                rank.0
             ),
             Error::OutOfBounds {
                 buffer,
@@ -214,7 +235,7 @@ impl std::fmt::Display for Error {
             Error::Timeout { waiting_for, after } => {
                 write!(f, "timed out after {after:?} waiting for {waiting_for}")
             }
-            Error::Stalled { detail } => write!(f, "progress loop stalled: {detail}"),
+            Error::Stalled { detail } => write!(f, "stalled: {detail}"),
             Error::Hazard { detail } => write!(f, "FIFO hazard on the fake device: {detail}"),
             Error::Poisoned { cause } => write!(
                 f,
@@ -241,9 +262,64 @@ impl Error {
         move |source| Error::Driver { call, source }
     }
 
-    /// Wraps a core error with the call that produced it.
+    /// Wraps a core error with the call that produced it (no channel).
     pub(crate) fn core(call: &'static str) -> impl FnOnce(ringcc_core::Error) -> Error {
-        move |source| Error::Core { call, source }
+        move |source| Error::Core {
+            channel: None,
+            call,
+            source,
+        }
+    }
+
+    /// The core's error underneath, if this is one ([`Error::Core`]).
+    pub fn core_error(&self) -> Option<ringcc_core::Error> {
+        match self {
+            Error::Core { source, .. } => Some(*source),
+            _ => None,
+        }
+    }
+
+    /// A rank's engine failed or refused: the one place an
+    /// [`EngineError`] becomes this crate's error. `failure` is the
+    /// engine's first failure ([`Engine::failure`](ringcc_core::Engine::failure)),
+    /// named as the cause when the engine answers `Poisoned`. The engines
+    /// of this crate count time in nanoseconds, so a stall's ticks are a
+    /// [`Duration`].
+    pub(crate) fn from_engine(e: EngineError, failure: Option<EngineError>) -> Error {
+        match e {
+            EngineError::Machine {
+                channel,
+                during,
+                source,
+            } => Error::Core {
+                channel: Some(channel),
+                call: during,
+                source,
+            },
+            EngineError::Timeout(stall) => Error::Timeout {
+                waiting_for: stall.to_string(),
+                after: Duration::from_nanos(stall.waited),
+            },
+            EngineError::Poisoned => Error::Poisoned {
+                cause: match failure {
+                    Some(f) if f != EngineError::Poisoned => f.to_string(),
+                    _ => e.to_string(),
+                },
+            },
+            EngineError::Busy => Error::BadConfig {
+                what: "a rank's engine still runs the previous call",
+            },
+            EngineError::BadChannel { .. } => Error::BadConfig {
+                what: "a plan with more channels than the rank's engine holds",
+            },
+            EngineError::Aborted => Error::Poisoned {
+                cause: "the engine was stopped after an earlier failure".into(),
+            },
+            // Whatever later versions of the core add.
+            _ => Error::Poisoned {
+                cause: e.to_string(),
+            },
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! The fused kernels of one (type, op) module, loaded on one device:
 //! compiled by NVRTC on first use (PTX cached per architecture), launched
-//! one slice at a time. The progress loop launches them through the engine;
-//! [`FusedModule::launch`] is the checked entry point for benchmarks and
-//! for users who drive slices themselves.
+//! one slice at a time. The progress loop launches them through the
+//! [`Device`](crate::device::Device); [`FusedModule::launch`] is the
+//! checked entry point for benchmarks and for users who run slices
+//! themselves.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

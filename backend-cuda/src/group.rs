@@ -207,7 +207,7 @@ impl<'a> Group<'a> {
                 Ok(())
             } else {
                 Err(Error::WrongDevice {
-                    rank: rank.0,
+                    rank,
                     expected: device,
                     got,
                 })
@@ -218,7 +218,7 @@ impl<'a> Group<'a> {
                 Ok(())
             } else {
                 Err(Error::BadBuffer {
-                    rank: rank.0,
+                    rank,
                     which,
                     expected: needed,
                     got,
@@ -234,7 +234,7 @@ impl<'a> Group<'a> {
                 check_len("recv", ob, recv.bytes())?;
             }
             Bufs::InPlace(buf) => {
-                let bp = spec.in_place(n, rank.0, &config)?;
+                let bp = spec.in_place(n, rank, &config)?;
                 check_device(buf.ordinal())?;
                 check_len("in-place", bp.total, buf.bytes())?;
             }
@@ -242,12 +242,9 @@ impl<'a> Group<'a> {
         let slot = self
             .calls
             .get_mut(rank.0 as usize)
-            .ok_or(Error::RankOutOfRange {
-                rank: rank.0,
-                ranks: n,
-            })?;
+            .ok_or(Error::RankOutOfRange { rank, ranks: n })?;
         if slot.is_some() {
-            return Err(Error::DuplicateRank { rank: rank.0 });
+            return Err(Error::DuplicateRank { rank });
         }
         *slot = Some(Pending { spec, bufs });
         Ok(())
@@ -262,11 +259,13 @@ impl<'a> Group<'a> {
         let n = comm.ranks();
         let mut pending = Vec::with_capacity(calls.len());
         for (r, c) in calls.into_iter().enumerate() {
-            pending.push(c.ok_or(Error::MissingRank { rank: r as u32 })?);
+            pending.push(c.ok_or(Error::MissingRank {
+                rank: Rank(r as u32),
+            })?);
         }
         let config = *comm.config();
         let streams: Vec<Arc<CudaStream>> = (0..n)
-            .map(|r| comm.engine.stream(StreamId::User(Rank(r))).cloned())
+            .map(|r| comm.device.stream(StreamId::User(Rank(r))).cloned())
             .collect::<Result<_>>()?;
         let specs: Vec<Call> = pending.iter().map(|p| p.spec).collect();
         // The guards record the buffers' cudarc read/write events on the
@@ -282,13 +281,13 @@ impl<'a> Group<'a> {
                     let (rp, g2) = recv.ptr_mut(stream);
                     guards.push(g1);
                     guards.push(g2);
-                    comm.engine.bind(rank, (sp, ib), (rp, ob));
+                    comm.device.bind(rank, (sp, ib), (rp, ob));
                 }
                 Bufs::InPlace(buf) => {
-                    let bp = p.spec.in_place(n, rank.0, &config)?;
+                    let bp = p.spec.in_place(n, rank, &config)?;
                     let (ptr, g) = buf.ptr_mut(stream);
                     guards.push(g);
-                    comm.engine.bind(
+                    comm.device.bind(
                         rank,
                         (ptr + bp.input.0, bp.input.1),
                         (ptr + bp.output.0, bp.output.1),
@@ -296,8 +295,8 @@ impl<'a> Group<'a> {
                 }
             }
         }
-        let r = comm.state.run(&mut comm.engine, &specs);
-        comm.engine.unbind();
+        let r = comm.state.run(&mut comm.device, &specs);
+        comm.device.unbind();
         drop(guards);
         r
     }

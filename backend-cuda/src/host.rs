@@ -5,7 +5,7 @@ use crate::state::CallBuffers;
 use ringcc_core::Rank;
 
 use crate::config::Config;
-use crate::engine::fake::FakeDevice;
+use crate::device::fake::FakeDevice;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::state::{Call, CommState};
@@ -60,6 +60,30 @@ impl HostComm {
         &self.device
     }
 
+    /// The fake device, to change its memory between calls (what `perf`'s
+    /// test-only corruption does).
+    pub fn device_mut(&mut self) -> &mut FakeDevice {
+        &mut self.device
+    }
+
+    /// The communicator's settings.
+    pub fn config(&self) -> &Config {
+        self.state.config()
+    }
+
+    /// The ranks' engines and the communicator's first failure.
+    pub fn state(&self) -> &CommState {
+        &self.state
+    }
+
+    /// Ends the communicator as [`Comm::close`](crate::Comm::close) does:
+    /// runs what is still enqueued, then reports a poisoned communicator
+    /// ([`Error::Poisoned`] with its cause) or the device's failure.
+    pub fn close(mut self) -> Result<()> {
+        let finished = self.device.synchronize();
+        crate::comm::closing(self.state.failure(), finished)
+    }
+
     /// Runs one collective (one call per rank) and returns every rank's
     /// output bytes.
     pub fn run(&mut self, calls: &[HostCall]) -> Result<Vec<Vec<u8>>> {
@@ -73,18 +97,18 @@ impl HostComm {
         }
         let config = *self.state.config();
         for (r, call) in calls.iter().enumerate() {
-            let rank = r as u32;
+            let rank = Rank(r as u32);
             let (ib, ob) = call.spec.bytes(n, &config)?;
             let given = call.input.len() as u64;
             if call.in_place {
                 let bp = call.spec.in_place(n, rank, &config)?;
                 check(rank, "send", bp.total, given)?;
                 self.device
-                    .bind(Rank(rank), call.input.clone(), bp.input, bp.output, None);
+                    .bind(rank, call.input.clone(), bp.input, bp.output, None);
             } else {
                 check(rank, "send", ib, given)?;
                 self.device.bind(
-                    Rank(rank),
+                    rank,
                     call.input.clone(),
                     (0, ib),
                     (0, ob),
@@ -111,7 +135,7 @@ impl HostComm {
     }
 }
 
-fn check(rank: u32, which: &'static str, needed: u64, got: u64) -> Result<()> {
+fn check(rank: Rank, which: &'static str, needed: u64, got: u64) -> Result<()> {
     if got < needed {
         return Err(Error::BadBuffer {
             rank,

@@ -158,7 +158,7 @@ impl Layout {
             .get(rank.0 as usize)
             .copied()
             .ok_or(Error::RankOutOfRange {
-                rank: rank.0,
+                rank,
                 ranks: self.ranks(),
             })
     }

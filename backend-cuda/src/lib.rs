@@ -1,9 +1,10 @@
 //! # ringcc-cuda: ring collectives on CUDA GPUs, driven by the core
 //!
 //! Several GPUs of one process (or several ranks on one GPU) form a
-//! communicator, as `ncclCommInitAll` builds one. Every (channel, rank)
-//! runs the core's sans-IO [`Machine`](ringcc_core::Machine); this crate's
-//! progress loop carries out what the machines ask:
+//! communicator, as `ncclCommInitAll` builds one. Every rank has the
+//! core's sans-IO progress [`Engine`](ringcc_core::Engine) (a state
+//! machine per channel, the connection counters from call to call, the
+//! deadline); this crate's progress loop carries out what the engines ask:
 //!
 //! - [`kernel`]: one fused kernel per primitive and (type, op), generated
 //!   as CUDA C++ ([`kernel::module_source`]) and compiled at run time by
@@ -13,13 +14,14 @@
 //! - [`layout`]: ranks → devices, streams, events, FIFO slots (in the
 //!   receiver's memory; written directly over peer access, or staged and
 //!   copied where peer access is not available).
-//! - [`progress`]: the loop that drives the machines over an
-//!   [`Engine`](engine::Engine) — the GPU, or the host
-//!   [`FakeDevice`](engine::fake::FakeDevice) that runs the same loop with
+//! - [`progress`]: the loop that feeds every rank's engine and carries out
+//!   its actions on a [`Device`](device::Device) — the GPU, or the host
+//!   [`FakeDevice`](device::fake::FakeDevice) that runs the same loop with
 //!   the core's reduction kernels so the logic is tested without a GPU.
 //! - [`Comm`]: the GPU communicator, with cudarc-shaped calls
 //!   (`all_reduce(&send, &mut recv, op)` on `CudaSlice<T>`), and [`perf`],
-//!   what `ringcc perf --backend cuda` runs.
+//!   what `ringcc perf --backend cuda` runs (checked with the core's
+//!   [`verify`](ringcc_core::verify), on the GPU or the fake device).
 //!
 //! The CUDA driver and NVRTC are loaded at run time: the crate builds and
 //! its non-GPU tests run on machines without CUDA, and every entry point
@@ -30,9 +32,10 @@
 //! ## Testing
 //!
 //! - `cargo test -p ringcc-cuda` runs everywhere: bookkeeping unit tests,
-//!   every collective on the host fake device against the core's reference,
-//!   every kernel compiled as host C++ (`c++`) and run against the core's
-//!   kernels, and every module compiled and assembled by NVRTC when it is
+//!   every collective on the host fake device against the core's reference
+//!   ([`ringcc_core::verify`]), every kernel compiled as host C++ (`c++`)
+//!   and run against the core's kernels, and every module compiled and
+//!   assembled by NVRTC when it is
 //!   found (`pip install nvidia-cuda-nvrtc-cu12`, or `RINGCC_NVRTC_LIB`;
 //!   set `RINGCC_REQUIRE_NVRTC=1` to fail rather than skip without it).
 //! - `scripts/gpu-tests.sh` runs the `#[ignore]`d GPU tests where
@@ -42,9 +45,9 @@
 //!   has no Rust toolchain.
 
 pub mod config;
+pub mod device;
 pub mod driver;
 pub mod dtype;
-pub mod engine;
 pub mod error;
 pub mod fused;
 pub mod host;
@@ -53,7 +56,6 @@ pub mod layout;
 pub mod nvrtc;
 pub mod perf;
 pub mod progress;
-pub mod reference;
 pub mod state;
 
 mod comm;

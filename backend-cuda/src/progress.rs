@@ -1,45 +1,68 @@
-//! The progress loop: one core [`Machine`] per (channel, rank), driven to
-//! completion over an [`Engine`].
+//! The progress loop: one core [`Engine`] per rank, all in this process,
+//! fed to a [`Device`].
 //!
-//! All ranks live in this process, so the loop delivers every machine's
-//! events itself: an `Exec` is carried out by enqueueing its fused kernel
-//! (after waiting for the events that guard the slots it reads and writes),
-//! then the successor's machine gets the call header and the new `tail`;
-//! `ReturnCredit` gives the predecessor's machine the new `head`. The `head`
-//! and `tail` counters are host values owned by this loop (the one place
-//! both ends of every connection are seen); what makes them true on the
-//! device is the event each slot carries: `Written` is recorded after the
-//! kernel (or copy) that fills the slot and waited for by the kernel that
-//! reads it, `Read` is recorded after that read and waited for by the next
-//! write of the slot. The loop therefore never waits for the device: it
-//! enqueues the whole collective, and the device runs it in order.
+//! The engines do the protocol (one machine per channel, sequence
+//! numbers, the connection counters carried from call to call, the
+//! deadline, the stall report). This loop only carries out what they hand
+//! out and tells them what happened:
+//!
+//! - `Exec`: the fused kernel (and, for a staged link, the copy) is
+//!   enqueued after waits for the events that guard the slots it reads and
+//!   writes, with records of those events after it; the exec is then done
+//!   for the engine, and the successor's engine gets
+//!   [`Exec::successor_events`] (the call header, the new `tail`).
+//! - `ReturnCredit { head }`: the predecessor's engine gets
+//!   [`Event::Head`].
+//! - `Done`: nothing; the call is enqueued when every engine is idle.
+//!
+//! The `head` and `tail` counters are host values (the one place both ends
+//! of every connection are seen); what makes them true on the device is
+//! the event each slot carries: `Written` is recorded after the kernel (or
+//! copy) that fills the slot and waited for by the kernel that reads it,
+//! `Read` is recorded after that read and waited for by the next write of
+//! the slot. The loop therefore never waits for the device: it enqueues
+//! the whole collective, and the device runs it in order.
+//!
+//! Time is the engines' (nanoseconds, from the caller's clock): an engine
+//! that sees nothing for the configured timeout fails the call with its
+//! stall report. The one thing this loop adds is what only a loop that
+//! holds every rank can see: a pass in which no engine did anything means
+//! none ever will, reported at once ([`Error::Stalled`], from the engines'
+//! [`Engine::stall`]) instead of at the deadline.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use ringcc_core::progress::Channel;
 use ringcc_core::{
-    Action, CallDesc, ChannelId, Exec, InOrderRing, LinkState, Machine, Plan, Primitive, Rank,
+    Action, Call, CallDesc, ChannelId, Engine, Event, Exec, InOrderRing, Plan, Primitive, Rank,
 };
 
-use crate::engine::{CopyOp, Engine, SliceOp, SlotUse};
+use crate::device::{CopyOp, Device, SliceOp, SlotUse};
 use crate::error::{Error, Result};
 use crate::kernel::{KernelKey, ModuleKey};
 use crate::layout::{BufId, EventId, Layout, LinkKind, MemRef, StreamId};
 
-/// Enqueues one collective: `calls[r]` is rank `r`'s call, `links` the
-/// connection counters of every (channel, rank) in
-/// [`Layout::slot_index`] order, updated on success.
-///
-/// Returns once every machine is done (everything is enqueued); fails with
-/// the first machine's error, [`Error::Stalled`] if the machines wait on
-/// each other, or [`Error::Timeout`] after `timeout`.
-pub fn run_call<E: Engine>(
-    engine: &mut E,
-    layout: &Layout,
-    links: &mut [LinkState],
-    calls: &[CallDesc],
-    chunk_bytes: u64,
-    timeout: Duration,
-) -> Result<()> {
+/// One rank's engine: its channels in a boxed slice, walking the ring in
+/// rank order.
+pub type RankEngine = Engine<InOrderRing, Box<[Channel<InOrderRing>]>>;
+
+/// The engines of a communicator over `layout`: one per rank, with one
+/// channel slot per channel, giving up on a call when nothing happens
+/// for `timeout`.
+pub fn engines(layout: &Layout, timeout: Duration) -> Vec<RankEngine> {
+    let ticks = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    (0..layout.ranks())
+        .map(|r| {
+            let channels = vec![Channel::new(); usize::from(layout.channels())];
+            Engine::new(Rank(r), channels.into_boxed_slice(), ticks)
+        })
+        .collect()
+}
+
+/// Checks a call before anything starts: one call per rank, each with a
+/// plan (the plans are returned, `plans[r]` for rank `r`). Nothing is
+/// touched, so a refusal here leaves the communicator usable.
+pub fn plans(layout: &Layout, calls: &[Call], chunk_bytes: u64) -> Result<Vec<Plan>> {
     let n = layout.ranks();
     if calls.len() != n as usize {
         return Err(Error::RankCount {
@@ -47,149 +70,150 @@ pub fn run_call<E: Engine>(
             got: calls.len(),
         });
     }
-    if links.len() != layout.pairs() {
-        return Err(Error::BadConfig {
-            what: "link state count differs from channels × ranks",
+    calls
+        .iter()
+        .map(|c| {
+            c.plan(n, u32::from(layout.channels()), chunk_bytes)
+                .map_err(Error::core("Plan::new"))
+        })
+        .collect()
+}
+
+/// Enqueues one collective: `calls[r]` (with `plans[r]`, from [`plans`])
+/// is rank `r`'s call, started on `engines[r]` at `clock()`.
+///
+/// Returns once every engine is idle (everything is enqueued). Fails with
+/// the first engine's error (the channel's machine error as
+/// [`Error::Core`], a deadline as [`Error::Timeout`]), a device error, or
+/// [`Error::Stalled`] when the engines wait on each other. After a failure
+/// the engines are in the middle of a call: the caller poisons its
+/// communicator ([`CommState`](crate::state::CommState) does).
+pub fn run_call<D: Device>(
+    device: &mut D,
+    layout: &Layout,
+    engines: &mut [RankEngine],
+    calls: &[Call],
+    plans: &[Plan],
+    clock: impl Fn() -> u64,
+) -> Result<()> {
+    let n = layout.ranks();
+    if engines.len() != n as usize || calls.len() != engines.len() || plans.len() != calls.len() {
+        return Err(Error::RankCount {
+            expected: n as usize,
+            got: engines.len().min(calls.len()).min(plans.len()),
         });
     }
     let ring = InOrderRing { ranks: n };
+    let geometry = layout.geometry();
+    let now = clock();
+    for ((e, call), plan) in engines.iter_mut().zip(calls).zip(plans) {
+        e.start(now, call, plan, geometry, |_| ring)
+            .map_err(|x| Error::from_engine(x, e.failure()))?;
+    }
     let channels = layout.channels();
-    let mut machines = Vec::with_capacity(layout.pairs());
-    for c in 0..channels {
-        for (r, call) in calls.iter().enumerate() {
-            let (c, r) = (ChannelId(c), Rank(r as u32));
-            let plan = Plan::new(
-                call.collective,
-                call.count,
-                call.dtype,
-                n,
-                u32::from(channels),
-                chunk_bytes,
-            )
-            .map_err(Error::core("Plan::new"))?;
-            let steps = plan.steps(c, r, ring).map_err(Error::core("Plan::steps"))?;
-            let link = links[layout.slot_index(c, r)];
-            machines.push(
-                Machine::new(*call, steps, layout.geometry(), link)
-                    .map_err(Error::core("Machine::new"))?,
-            );
+    for r in (0..n).map(Rank) {
+        device.record(StreamId::User(r), EventId::Begin(r))?;
+        for c in (0..channels).map(ChannelId) {
+            device.wait(StreamId::Channel(c, r), EventId::Begin(r))?;
         }
     }
-    for r in 0..n {
-        let r = Rank(r);
-        engine.record(StreamId::User(r), EventId::Begin(r))?;
-        for c in 0..channels {
-            engine.wait(StreamId::Channel(ChannelId(c), r), EventId::Begin(r))?;
+    enqueue(device, layout, engines, &clock)?;
+    for c in (0..channels).map(ChannelId) {
+        for r in (0..n).map(Rank) {
+            device.record(StreamId::Channel(c, r), EventId::End(c, r))?;
+            device.wait(StreamId::User(r), EventId::End(c, r))?;
         }
-    }
-    drive(engine, layout, &mut machines, timeout)?;
-    for c in 0..channels {
-        for r in 0..n {
-            let (c, r) = (ChannelId(c), Rank(r));
-            engine.record(StreamId::Channel(c, r), EventId::End(c, r))?;
-            engine.wait(StreamId::User(r), EventId::End(c, r))?;
-        }
-    }
-    for (link, m) in links.iter_mut().zip(&machines) {
-        *link = m.link();
     }
     Ok(())
 }
 
-fn drive<E: Engine>(
-    engine: &mut E,
-    layout: &Layout,
-    machines: &mut [Machine<InOrderRing>],
-    timeout: Duration,
+/// Feeds `event` on channel `c` to rank `r`'s engine.
+fn deliver(
+    engines: &mut [RankEngine],
+    r: Rank,
+    now: u64,
+    c: ChannelId,
+    event: Event,
 ) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    let n = layout.ranks() as usize;
-    let mut done = vec![false; machines.len()];
+    let e = engine(engines, r)?;
+    e.handle(now, c, event)
+        .map_err(|x| Error::from_engine(x, e.failure()))
+}
+
+fn engine(engines: &mut [RankEngine], r: Rank) -> Result<&mut RankEngine> {
+    let ranks = engines.len() as u32;
+    engines
+        .get_mut(r.0 as usize)
+        .ok_or(Error::RankOutOfRange { rank: r, ranks })
+}
+
+/// The loop of the module documentation, until every engine is idle.
+fn enqueue<D: Device>(
+    device: &mut D,
+    layout: &Layout,
+    engines: &mut [RankEngine],
+    clock: &impl Fn() -> u64,
+) -> Result<()> {
     loop {
+        let now = clock();
         let mut progressed = false;
-        for i in 0..machines.len() {
-            if done[i] {
-                continue;
-            }
-            let (c, r) = (ChannelId((i / n) as u8), Rank((i % n) as u32));
-            while let Some(action) = machines[i]
-                .poll_action()
-                .map_err(Error::core("Machine::poll_action"))?
-            {
+        for r in (0..layout.ranks()).map(Rank) {
+            loop {
+                let e = engine(engines, r)?;
+                let Some((c, action)) = e.poll().map_err(|x| Error::from_engine(x, e.failure()))?
+                else {
+                    break;
+                };
                 progressed = true;
                 match action {
-                    Action::Exec(e) => {
-                        let call = *machines[i].call();
-                        exec(engine, layout, c, r, &call, &e)?;
-                        machines[i]
-                            .handle_exec_done()
-                            .map_err(Error::core("Machine::handle_exec_done"))?;
-                        if let Some(span) = e.send {
-                            let j = layout.slot_index(c, layout.next(r));
-                            if let Some(h) = e.header {
-                                machines[j]
-                                    .handle_header(span.step, h)
-                                    .map_err(Error::core("Machine::handle_header"))?;
-                            }
-                            machines[j]
-                                .handle_tail(span.end())
-                                .map_err(Error::core("Machine::handle_tail"))?;
+                    Action::Exec(x) => {
+                        let call = e.call().ok_or(Error::BadConfig {
+                            what: "an engine handed out an exec without a call",
+                        })?;
+                        exec(device, layout, c, r, &call, &x)?;
+                        deliver(engines, r, now, c, Event::ExecDone)?;
+                        for ev in x.successor_events() {
+                            deliver(engines, layout.next(r), now, c, ev)?;
                         }
                     }
                     Action::ReturnCredit { head } => {
-                        let j = layout.slot_index(c, layout.prev(r));
-                        machines[j]
-                            .handle_head(head)
-                            .map_err(Error::core("Machine::handle_head"))?;
+                        deliver(engines, layout.prev(r), now, c, Event::Head(head))?;
                     }
-                    Action::Done => {
-                        done[i] = true;
-                        break;
-                    }
+                    Action::Done => {}
                 }
             }
         }
-        if done.iter().all(|&d| d) {
+        if engines.iter().all(RankEngine::is_idle) {
             return Ok(());
         }
+        let now = clock();
         if !progressed {
             return Err(Error::Stalled {
-                detail: stall_detail(machines, &done, n),
+                detail: stall_report(engines, now),
             });
         }
-        if Instant::now() > deadline {
-            return Err(Error::Timeout {
-                waiting_for: "the progress loop to enqueue the collective",
-                after: timeout,
-            });
+        for e in engines.iter_mut() {
+            e.handle_timeout(now)
+                .map_err(|x| Error::from_engine(x, e.failure()))?;
         }
     }
 }
 
-fn stall_detail(machines: &[Machine<InOrderRing>], done: &[bool], n: usize) -> String {
-    let mut s = String::new();
-    for (i, m) in machines.iter().enumerate() {
-        if !done[i] {
-            let l = m.link();
-            s.push_str(&format!(
-                "[channel {} rank {}: recv tail {} next {}, send head {} next {}] ",
-                i / n,
-                i % n,
-                l.recv_tail,
-                l.recv_next,
-                l.send_head,
-                l.send_next
-            ));
-        }
-    }
-    s
+/// Every busy engine's [`Engine::stall`], in rank order.
+fn stall_report(engines: &[RankEngine], now: u64) -> String {
+    engines
+        .iter()
+        .filter(|e| !e.is_idle())
+        .map(|e| e.stall(now).to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The fused-kernel launch (and, for a staged link, the copy) that carries
 /// out `e` for rank `r` on channel `c`, with the event waits and records
 /// that order it against the other ranks' use of the same slots.
-pub fn exec<E: Engine>(
-    engine: &mut E,
+pub fn exec<D: Device>(
+    device: &mut D,
     layout: &Layout,
     c: ChannelId,
     r: Rank,
@@ -204,12 +228,12 @@ pub fn exec<E: Engine>(
     let p = e.primitive;
     if let Some(span) = e.recv {
         for s in Layout::span_slots(span) {
-            engine.wait(stream, EventId::Written(inc, s))?;
+            device.wait(stream, EventId::Written(inc, s))?;
         }
     }
     if let Some(span) = e.send {
         for s in Layout::span_slots(span) {
-            engine.wait(stream, EventId::Read(out, s))?;
+            device.wait(stream, EventId::Read(out, s))?;
         }
     }
     let send_buf = if staged {
@@ -244,9 +268,9 @@ pub fn exec<E: Engine>(
             e.send.map(|span| SlotUse { conn: out, span })
         },
     };
-    engine.launch(stream, &op)?;
+    device.launch(stream, &op)?;
     if let (true, Some(span)) = (staged, e.send) {
-        engine.copy(
+        device.copy(
             stream,
             &CopyOp {
                 src: layout.slot_ref(BufId::Staging(out), span),
@@ -258,12 +282,12 @@ pub fn exec<E: Engine>(
     }
     if let Some(span) = e.recv {
         for s in Layout::span_slots(span) {
-            engine.record(stream, EventId::Read(inc, s))?;
+            device.record(stream, EventId::Read(inc, s))?;
         }
     }
     if let Some(span) = e.send {
         for s in Layout::span_slots(span) {
-            engine.record(stream, EventId::Written(out, s))?;
+            device.record(stream, EventId::Written(out, s))?;
         }
     }
     Ok(())
@@ -272,10 +296,13 @@ pub fn exec<E: Engine>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::fake::FakeDevice;
-    use ringcc_core::{Collective, DataType, ReduceOp};
+    use crate::device::fake::FakeDevice;
+    use ringcc_core::{Blocked, DataType, ReduceOp};
+    use std::cell::Cell;
 
-    fn setup() -> (Layout, FakeDevice, Vec<CallDesc>) {
+    const CALL: Call = Call::all_reduce(100, DataType::F32, ReduceOp::Sum);
+
+    fn setup() -> (Layout, FakeDevice, Vec<RankEngine>) {
         let geometry = ringcc_core::fifo::FifoGeometry::new(64, 2).unwrap();
         let layout = Layout::new(vec![0, 0], 1, geometry, |_, _| true).unwrap();
         let mut dev = FakeDevice::new(layout.clone(), 1, 2);
@@ -288,96 +315,132 @@ mod tests {
                 Some(vec![0; 400]),
             );
         }
-        let call = CallDesc::new(0, Collective::AllReduce, 100, DataType::F32, ReduceOp::Sum);
-        (layout, dev, vec![call; 2])
+        let engines = engines(&layout, Duration::from_secs(5));
+        (layout, dev, engines)
     }
 
     #[test]
-    fn runs_and_advances_the_links() {
-        let (layout, mut dev, calls) = setup();
-        let mut links = vec![LinkState::default(); 2];
-        run_call(
-            &mut dev,
-            &layout,
-            &mut links,
-            &calls,
-            256,
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        dev.synchronize().unwrap();
-        assert!(links
-            .iter()
-            .all(|l| l.send_next > 0 && l.send_head == l.send_next));
-        assert_eq!(dev.output(Rank(1)).unwrap()[..4], 2f32.to_ne_bytes());
+    fn runs_and_the_engines_carry_the_links() {
+        let (layout, mut dev, mut engines) = setup();
+        let calls = [CALL; 2];
+        let plans = plans(&layout, &calls, 256).unwrap();
+        for seq in 0..3 {
+            run_call(&mut dev, &layout, &mut engines, &calls, &plans, || 0).unwrap();
+            dev.synchronize().unwrap();
+            assert_eq!(dev.output(Rank(1)).unwrap()[..4], 2f32.to_ne_bytes());
+            for e in &engines {
+                assert!(e.is_idle());
+                assert_eq!(e.seq(), seq + 1);
+                let l = e.link(ChannelId(0));
+                assert!(l.send_next > 0 && l.send_head == l.send_next);
+            }
+        }
+        let l = engines[0].link(ChannelId(0));
+        assert_eq!(l.recv_next, l.send_next, "{l:?}");
     }
 
-    /// Connection counters no correct history produces (a full FIFO that
-    /// its receiver has already drained): the machines wait on each other,
-    /// and the loop says so at once instead of hanging.
+    /// Rank 1's engine never starts: rank 0 sends what it can and then
+    /// waits for rank 1. The loop says so at once, from rank 0's engine,
+    /// instead of waiting for the deadline.
     #[test]
-    fn a_stall_is_an_error_not_a_hang() {
-        let (layout, mut dev, calls) = setup();
-        let full = LinkState {
-            recv_tail: 0,
-            recv_next: 0,
-            send_head: 0,
-            send_next: 8,
-            early_header: None,
-        };
-        let mut links = vec![full; 2];
-        match run_call(
-            &mut dev,
-            &layout,
-            &mut links,
-            &calls,
-            256,
-            Duration::from_secs(5),
-        ) {
-            Err(Error::Stalled { detail }) => assert!(detail.contains("rank 0"), "{detail}"),
+    fn a_stall_is_reported_from_the_engines_at_once() {
+        let (layout, mut dev, mut engines) = setup();
+        let plan = CALL.plan(2, 1, 256).unwrap();
+        let ring = InOrderRing { ranks: 2 };
+        engines[0]
+            .start(0, &CALL, &plan, layout.geometry(), |_| ring)
+            .unwrap();
+        match enqueue(&mut dev, &layout, &mut engines, &|| 0) {
+            Err(Error::Stalled { detail }) => {
+                assert!(
+                    detail.starts_with("rank 0 call 0: channel 0 waits for"),
+                    "{detail}"
+                );
+                assert!(!detail.contains("rank 1"), "{detail}");
+            }
             other => panic!("expected a stall, got {other:?}"),
         }
+        assert!(matches!(
+            engines[0].blocked_on(ChannelId(0)),
+            Blocked::Data { .. } | Blocked::Credit { .. }
+        ));
+    }
+
+    /// A clock that jumps past the deadline between passes: the engines'
+    /// own deadline fails the call with their stall report.
+    #[test]
+    fn the_engines_deadline_is_a_timeout_with_the_stall_report() {
+        let (layout, mut dev, mut engines) = setup();
+        let calls = [CALL; 2];
+        let plans = plans(&layout, &calls, 256).unwrap();
+        let t = Cell::new(0u64);
+        let clock = || {
+            t.set(t.get() + 6_000_000_000);
+            t.get()
+        };
+        match run_call(&mut dev, &layout, &mut engines, &calls, &plans, clock) {
+            Err(Error::Timeout { waiting_for, after }) => {
+                assert!(waiting_for.starts_with("rank 0 call 0"), "{waiting_for}");
+                assert!(after >= Duration::from_secs(5), "{after:?}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(engines[0].failure().is_some());
     }
 
     #[test]
-    fn wrong_shapes_are_rejected() {
-        let (layout, mut dev, calls) = setup();
-        let mut links = vec![LinkState::default(); 2];
+    fn wrong_shapes_are_rejected_before_anything_starts() {
+        let (layout, mut dev, mut engines) = setup();
         assert!(matches!(
-            run_call(
-                &mut dev,
-                &layout,
-                &mut links,
-                &calls[..1],
-                256,
-                Duration::from_secs(1)
-            ),
+            plans(&layout, &[CALL], 256),
             Err(Error::RankCount { .. })
         ));
         assert!(matches!(
-            run_call(
-                &mut dev,
-                &layout,
-                &mut links[..1],
-                &calls,
-                256,
-                Duration::from_secs(1)
-            ),
-            Err(Error::BadConfig { .. })
-        ));
-        assert!(matches!(
-            run_call(
-                &mut dev,
-                &layout,
-                &mut links,
-                &calls,
-                10,
-                Duration::from_secs(1)
-            ),
+            plans(&layout, &[CALL; 2], 10),
             Err(Error::Core {
+                channel: None,
                 call: "Plan::new",
                 ..
             })
         ));
+        let plans = plans(&layout, &[CALL; 2], 256).unwrap();
+        assert!(matches!(
+            run_call(
+                &mut dev,
+                &layout,
+                &mut engines[..1],
+                &[CALL],
+                &plans[..1],
+                || 0
+            ),
+            Err(Error::RankCount { .. })
+        ));
+        assert!(engines.iter().all(|e| e.is_idle() && e.failure().is_none()));
+    }
+
+    /// A call whose chunks do not fit the FIFO is refused by the engine's
+    /// start, with the channel that refused it.
+    #[test]
+    fn an_engine_refusal_names_its_channel() {
+        let (layout, mut dev, mut engines) = setup();
+        let calls = [Call::all_reduce(1 << 16, DataType::F32, ReduceOp::Sum); 2];
+        let plans = plans(&layout, &calls, 1 << 20).unwrap();
+        let e = run_call(&mut dev, &layout, &mut engines, &calls, &plans, || 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Core {
+                    channel: Some(ChannelId(0)),
+                    source: ringcc_core::Error::ChunkTooLargeForFifo { .. },
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.core_error()
+                .map(|c| matches!(c, ringcc_core::Error::ChunkTooLargeForFifo { .. })),
+            Some(true)
+        );
     }
 }

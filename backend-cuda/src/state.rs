@@ -1,14 +1,17 @@
 //! What a communicator remembers between calls, whatever its device: the
-//! layout, every connection's counters, the call sequence number, and
-//! whether a failed call poisoned it.
+//! layout, one core engine per rank (which carries every connection's
+//! counters and the call sequence number from call to call), and whether
+//! a failed call poisoned it.
 
-use ringcc_core::{CallDesc, LinkState, Plan};
+use std::time::Instant;
+
+use ringcc_core::{Plan, Rank};
 
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::progress;
+use crate::progress::{self, RankEngine};
 
 pub use ringcc_core::Call;
 
@@ -31,7 +34,7 @@ pub trait CallBuffers {
     fn bytes(&self, ranks: u32, config: &Config) -> Result<(u64, u64)>;
     /// Where rank `rank`'s input and output sit in one buffer when the
     /// call is in place.
-    fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan>;
+    fn in_place(&self, ranks: u32, rank: Rank, config: &Config) -> Result<BufferPlan>;
 }
 
 impl CallBuffers for Call {
@@ -47,10 +50,10 @@ impl CallBuffers for Call {
     }
 
     /// As NCCL defines it ([`Call::in_place_offsets`]).
-    fn in_place(&self, ranks: u32, rank: u32, config: &Config) -> Result<BufferPlan> {
+    fn in_place(&self, ranks: u32, rank: Rank, config: &Config) -> Result<BufferPlan> {
         let (ib, ob) = self.bytes(ranks, config)?;
         let e = u64::from(self.dtype.size());
-        let (i, o) = self.in_place_offsets(rank);
+        let (i, o) = self.in_place_offsets(rank.0);
         Ok(BufferPlan {
             input: (i.saturating_mul(e), ib),
             output: (o.saturating_mul(e), ob),
@@ -64,8 +67,9 @@ impl CallBuffers for Call {
 pub struct CommState {
     layout: Layout,
     config: Config,
-    links: Vec<LinkState>,
-    seq: u64,
+    engines: Vec<RankEngine>,
+    /// Time zero of the engines' clock (nanoseconds).
+    epoch: Instant,
     /// Why the communicator is unusable: the first failure.
     poisoned: Option<String>,
 }
@@ -75,10 +79,10 @@ impl CommState {
     pub fn new(layout: Layout, config: Config) -> Result<CommState> {
         config.validate()?;
         Ok(CommState {
-            links: vec![LinkState::default(); layout.pairs()],
+            engines: progress::engines(&layout, config.timeout),
             layout,
             config,
-            seq: 0,
+            epoch: Instant::now(),
             poisoned: None,
         })
     }
@@ -93,9 +97,21 @@ impl CommState {
         &self.config
     }
 
-    /// The sequence number the next call gets.
+    /// The ranks' engines (their connection counters, sequence numbers,
+    /// failures).
+    pub fn engines(&self) -> &[RankEngine] {
+        &self.engines
+    }
+
+    /// The sequence number the next call gets (every rank's engine agrees
+    /// while the communicator is live).
     pub fn seq(&self) -> u64 {
-        self.seq
+        self.engines.first().map_or(0, RankEngine::seq)
+    }
+
+    /// The first failure, if a call (or the device after it) failed.
+    pub fn failure(&self) -> Option<&str> {
+        self.poisoned.as_deref()
     }
 
     /// Fails with [`Error::Poisoned`] once a call has failed.
@@ -108,36 +124,37 @@ impl CommState {
         Ok(())
     }
 
-    /// Enqueues one call (`specs[r]` from rank `r`) on `engine`. A failure
-    /// poisons the communicator.
-    pub fn run<E: Engine>(&mut self, engine: &mut E, specs: &[Call]) -> Result<()> {
+    /// Enqueues one call (`calls[r]` from rank `r`) on `device`. A call
+    /// refused before it starts (rank count, plan) changes nothing; a
+    /// failure after it started poisons the communicator.
+    pub fn run<D: Device>(&mut self, device: &mut D, calls: &[Call]) -> Result<()> {
         self.check_live()?;
-        let calls: Vec<CallDesc> = specs.iter().map(|s| s.desc(self.seq)).collect();
+        let plans = progress::plans(&self.layout, calls, self.config.chunk_bytes)?;
+        let epoch = self.epoch;
+        let clock = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let r = progress::run_call(
-            engine,
+            device,
             &self.layout,
-            &mut self.links,
-            &calls,
-            self.config.chunk_bytes,
-            self.config.timeout,
+            &mut self.engines,
+            calls,
+            &plans,
+            clock,
         );
-        match r {
-            Ok(()) => {
-                self.seq += 1;
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, seq = self.seq, "ringcc-cuda: collective failed; communicator poisoned");
-                self.poisoned = Some(e.to_string());
-                Err(e)
-            }
+        if let Err(e) = &r {
+            tracing::warn!(error = %e, seq = self.seq(), "ringcc-cuda: collective failed; communicator poisoned");
+            self.poison(e);
         }
+        r
     }
 
-    /// Marks the communicator failed (a device error after enqueueing).
+    /// Marks the communicator failed (a device error after enqueueing):
+    /// every engine stops, later calls fail with [`Error::Poisoned`].
     pub fn poison(&mut self, cause: &Error) {
         if self.poisoned.is_none() {
             self.poisoned = Some(cause.to_string());
+        }
+        for e in &mut self.engines {
+            e.abort();
         }
     }
 }

@@ -1,66 +1,53 @@
 //! The communicator's logic end to end on the host fake device: the same
-//! progress loop, plans, machines, slot addressing, staging and event
+//! progress loop, core engines, plans, slot addressing, staging and event
 //! ordering as on a GPU, with the core's kernels, in random interleavings.
-//! Results must equal the core's reference bit for bit.
+//! Results must equal the core's reference ([`ringcc_core::verify`]) bit
+//! for bit: the check is `perf`'s, the one the GPU runs.
 
 use proptest::prelude::*;
+use ringcc_core::verify::fill_input;
 use ringcc_core::{Collective, DataType, Rank, ReduceOp};
-use ringcc_cuda::engine::fake::FakeDevice;
-use ringcc_cuda::engine::{Engine, SliceOp, SlotUse};
+use ringcc_cuda::device::fake::FakeDevice;
+use ringcc_cuda::device::{Device, SliceOp, SlotUse};
 use ringcc_cuda::kernel::{KernelKey, ModuleKey};
 use ringcc_cuda::layout::{BufId, Layout, MemRef, StreamId};
-use ringcc_cuda::reference::{expected, pattern};
+use ringcc_cuda::perf::{self, PerfCase};
 use ringcc_cuda::CallBuffers;
 use ringcc_cuda::{Call, Config, Error, HostCall, HostComm};
 
-fn inputs_for(
-    spec: &Call,
-    n: u32,
-    config: &Config,
-    in_place: bool,
-) -> (Vec<Vec<u8>>, Vec<HostCall>) {
-    let (ib, _) = spec.bytes(n, config).unwrap();
-    let elems = ib / u64::from(spec.dtype.size());
-    let mut raw = Vec::new();
-    let mut calls = Vec::new();
-    for r in 0..n {
-        let input = pattern(spec.dtype, spec.op, elems, u64::from(r) * 7919 + spec.count);
-        let buffer = if in_place {
-            let bp = spec.in_place(n, r, config).unwrap();
-            let mut b = vec![0x5Au8; bp.total as usize];
-            b[bp.input.0 as usize..(bp.input.0 + bp.input.1) as usize].copy_from_slice(&input);
-            b
-        } else {
-            input.clone()
-        };
-        raw.push(input);
-        calls.push(HostCall {
-            spec: *spec,
-            input: buffer,
-            in_place,
-        });
+fn case(call: Call, in_place: bool) -> PerfCase {
+    PerfCase {
+        call,
+        in_place,
+        warmup: 0,
+        iters: 1,
     }
-    (raw, calls)
 }
 
-fn check(
-    comm: &mut HostComm,
-    spec: Call,
-    config: &Config,
-    in_place: bool,
-) -> Result<(), TestCaseError> {
-    let n = comm.layout().ranks();
-    let (raw, calls) = inputs_for(&spec, n, config, in_place);
-    let got = comm
-        .run(&calls)
-        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
-    let want = expected(&spec, &raw).unwrap();
-    for r in 0..n as usize {
-        if let Some(w) = &want[r] {
-            prop_assert_eq!(&got[r], w, "rank {} of {:?}", r, spec);
-        }
-    }
+/// One call on fresh inputs, checked by `perf::verify` (the core's
+/// `fill_input` and `count_wrong`).
+fn check(comm: &mut HostComm, spec: Call, in_place: bool) -> Result<(), TestCaseError> {
+    let wrong = perf::verify(comm, &case(spec, in_place))
+        .map_err(|e| TestCaseError::fail(format!("{spec:?} in place {in_place}: {e}")))?;
+    prop_assert_eq!(wrong, 0, "{:?} in place {}", spec, in_place);
     Ok(())
+}
+
+/// Every rank's call with inputs from the core's generator.
+fn host_calls(spec: &Call, n: u32, config: &Config) -> Vec<HostCall> {
+    let plan = spec.plan_with(n, config).unwrap();
+    let (ib, _) = spec.bytes(n, config).unwrap();
+    (0..n)
+        .map(|r| {
+            let mut input = vec![0; ib as usize];
+            fill_input(&plan, spec.op, r, 1, &mut input).unwrap();
+            HostCall {
+                spec: *spec,
+                input,
+                in_place: false,
+            }
+        })
+        .collect()
 }
 
 fn collective(kind: u8, root: u32) -> Collective {
@@ -97,7 +84,7 @@ proptest! {
         let devices: Vec<usize> = (0..ranks).map(|r| ((devices_seed >> (2 * r)) & 3) as usize).collect();
         let mut comm = HostComm::new(devices, config, move |_, _| peer, seed, eagerness).unwrap();
         let spec = Call { collective: collective(kind, root_pick % ranks), count, dtype, op };
-        check(&mut comm, spec, &config, in_place)?;
+        check(&mut comm, spec, in_place)?;
     }
 
     /// Several calls in a row on one communicator: the connection counters
@@ -119,7 +106,7 @@ proptest! {
                 dtype: DataType::F32,
                 op: ReduceOp::Sum,
             };
-            check(&mut comm, spec, &config, i % 2 == 1)?;
+            check(&mut comm, spec, i % 2 == 1)?;
         }
     }
 }
@@ -135,7 +122,7 @@ fn nccl_sized_fifo_large_buffer() {
         dtype: DataType::Bf16,
         op: ReduceOp::Avg,
     };
-    check(&mut comm, spec, &config, false).unwrap();
+    check(&mut comm, spec, false).unwrap();
 }
 
 #[test]
@@ -148,17 +135,26 @@ fn mismatched_calls_fail_and_poison_the_communicator() {
         dtype: DataType::I32,
         op: ReduceOp::Sum,
     };
-    let (_, mut calls) = inputs_for(&spec, 3, &config, false);
+    let mut calls = host_calls(&spec, 3, &config);
     calls[1].spec.op = ReduceOp::Max;
-    match comm.run(&calls) {
-        Err(Error::Core {
-            source: ringcc_core::Error::MismatchedCall { .. },
-            ..
-        }) => {}
+    // Rank 1's successor (rank 2) finds the header of a different call.
+    let cause = match comm.run(&calls) {
+        Err(
+            e @ Error::Core {
+                channel: Some(_),
+                source: ringcc_core::Error::MismatchedCall { .. },
+                ..
+            },
+        ) => e.to_string(),
         other => panic!("expected MismatchedCall, got {other:?}"),
+    };
+    let calls = host_calls(&spec, 3, &config);
+    match comm.run(&calls) {
+        Err(Error::Poisoned { cause: c }) => assert_eq!(c, cause),
+        other => panic!("expected Poisoned, got {other:?}"),
     }
-    let (_, calls) = inputs_for(&spec, 3, &config, false);
-    assert!(matches!(comm.run(&calls), Err(Error::Poisoned { .. })));
+    assert_eq!(comm.state().failure(), Some(cause.as_str()));
+    assert!(comm.state().engines().iter().all(|e| e.failure().is_some()));
 }
 
 #[test]
@@ -171,19 +167,19 @@ fn short_buffers_are_rejected_before_anything_runs() {
         dtype: DataType::F64,
         op: ReduceOp::Sum,
     };
-    let (_, mut calls) = inputs_for(&spec, 2, &config, false);
+    let mut calls = host_calls(&spec, 2, &config);
     calls[0].input.truncate(8 * 19);
     assert!(matches!(
         comm.run(&calls),
         Err(Error::BadBuffer {
-            rank: 0,
+            rank: Rank(0),
             expected: 160,
             got: 152,
             ..
         })
     ));
     // Not poisoned: a correct call still works.
-    let (_, calls) = inputs_for(&spec, 2, &config, false);
+    let calls = host_calls(&spec, 2, &config);
     assert!(comm.run(&calls).is_ok());
     assert!(matches!(
         comm.run(&calls[..1]),
@@ -192,7 +188,7 @@ fn short_buffers_are_rejected_before_anything_runs() {
 }
 
 /// The fake device's protocol checker fires when slots are misused, so
-/// the tests above could fail if the progress loop forgot an event wait.
+/// the tests above would fail if the progress loop forgot an event wait.
 #[test]
 fn fake_device_detects_slot_hazards() {
     let config = Config::small(64, 1).unwrap();
@@ -230,4 +226,105 @@ fn fake_device_detects_slot_hazards() {
     dev.bind(Rank(0), vec![1; 32], (0, 32), (0, 32), Some(vec![0; 32]));
     dev.launch(s, &op).unwrap();
     assert!(matches!(dev.synchronize(), Err(Error::OutOfBounds { .. })));
+}
+
+/// `perf`'s test-only fault corrupts elements of the victim's output in
+/// the device's memory after the call ran; the core's `count_wrong` finds
+/// each of them, on every collective, in place and out of place, and no
+/// more than them. As many as the output has when asked for more.
+#[test]
+fn corrupted_outputs_are_found_by_the_cores_check() {
+    let config = Config::small(64, 2).unwrap();
+    let n = 3;
+    for collective in (0..5).map(|k| collective(k, 1)) {
+        for in_place in [false, true] {
+            for dtype in [DataType::F32, DataType::Bf16, DataType::I8] {
+                let mut comm = HostComm::new(vec![0, 1, 1], config, |_, _| false, 7, 3).unwrap();
+                let spec = Call::new(collective, 301, dtype, ReduceOp::Sum);
+                let c = case(spec, in_place);
+                assert_eq!(perf::verify(&mut comm, &c).unwrap(), 0, "{spec:?}");
+                assert_eq!(
+                    perf::verify_corrupted(&mut comm, &c, 3).unwrap(),
+                    3,
+                    "{spec:?} in place {in_place}"
+                );
+                // The corruption is in the device's memory: the victim's
+                // output as it stands now differs from the reference.
+                let v = perf::victim(&spec);
+                let salt = comm.state().seq() - 1;
+                let plan = spec.plan_with(n, &config).unwrap();
+                let out = comm.device().output(v).unwrap();
+                assert_eq!(
+                    ringcc_core::verify::count_wrong(&plan, spec.op, v.0, salt, out).unwrap(),
+                    3
+                );
+                let elems = spec.bytes(n, &config).unwrap().1 / u64::from(dtype.size());
+                assert_eq!(
+                    perf::verify_corrupted(&mut comm, &c, u64::MAX).unwrap(),
+                    elems,
+                    "{spec:?} all corrupted"
+                );
+                comm.close().unwrap();
+            }
+        }
+    }
+}
+
+/// `perf::run` times and checks on the fake device as on a GPU.
+#[test]
+fn perf_runs_on_the_fake_device() {
+    let config = Config::small(256, 2).unwrap();
+    let mut comm = HostComm::new(vec![0, 0, 0, 0], config, |_, _| true, 1, 2).unwrap();
+    let call = Call::new(
+        Collective::ReduceScatter,
+        1000,
+        DataType::F16,
+        ReduceOp::Avg,
+    );
+    let r = perf::run(
+        &mut comm,
+        &PerfCase {
+            call,
+            in_place: true,
+            warmup: 1,
+            iters: 2,
+        },
+    )
+    .unwrap();
+    assert_eq!(r.wrong, 0);
+    assert_eq!(r.bytes, 4 * 1000 * 2);
+    assert!(r.time_us > 0.0 && r.busbw > 0.0, "{r:?}");
+    // Warm-up, timed calls and the check: one engine sequence number each.
+    assert_eq!(comm.state().seq(), 4);
+    assert!(comm.close().is_ok());
+}
+
+/// `close` reports what dropping would lose: a communicator an earlier
+/// failure poisoned, with that failure as the cause.
+#[test]
+fn close_reports_a_poisoned_communicator() {
+    let config = Config::small(64, 1).unwrap();
+    let mut comm = HostComm::new(vec![0, 0], config, |_, _| true, 5, 1).unwrap();
+    let spec = Call::all_reduce(64, DataType::U32, ReduceOp::Min);
+    let mut calls = host_calls(&spec, 2, &config);
+    calls[0].spec.op = ReduceOp::Max;
+    let e = comm.run(&calls).unwrap_err();
+    assert!(
+        matches!(
+            e.core_error(),
+            Some(ringcc_core::Error::MismatchedCall { .. })
+        ),
+        "{e:?}"
+    );
+    match comm.close() {
+        Err(Error::Poisoned { cause }) => {
+            assert_eq!(cause, e.to_string());
+            assert!(cause.contains("channel 0"), "{cause}");
+        }
+        other => panic!("expected Poisoned from close, got {other:?}"),
+    }
+    // A healthy communicator closes cleanly.
+    let mut comm = HostComm::new(vec![0, 0], config, |_, _| true, 5, 1).unwrap();
+    comm.run(&host_calls(&spec, 2, &config)).unwrap();
+    assert!(comm.close().is_ok());
 }

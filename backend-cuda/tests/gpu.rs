@@ -1,6 +1,6 @@
 //! GPU tests: every collective, type and op on 2, 4 and 8 ranks sharing
 //! GPU 0 (and across GPUs where there are several), checked against the
-//! host reference. Run with `cargo test -p ringcc-cuda --test gpu --
+//! core's reference (`ringcc_core::verify`, through `perf::verify`). Run with `cargo test -p ringcc-cuda --test gpu --
 //! --ignored` where `nvidia-smi` finds a GPU (`scripts/gpu-tests.sh`).
 
 use cudarc::driver::CudaSlice;
@@ -163,22 +163,35 @@ fn mismatched_calls_and_bad_buffers_are_typed_errors() {
         g.all_reduce(Rank(0), &a, &mut ra, ReduceOp::Sum).unwrap();
         assert!(matches!(
             g.all_reduce(Rank(1), &b, &mut rb, ReduceOp::Sum),
-            Err(Error::BadBuffer { rank: 1, .. })
+            Err(Error::BadBuffer { rank: Rank(1), .. })
         ));
-        assert!(matches!(g.launch(), Err(Error::MissingRank { rank: 1 })));
+        assert!(matches!(
+            g.launch(),
+            Err(Error::MissingRank { rank: Rank(1) })
+        ));
     }
     let mut rb = s1.alloc_zeros::<f32>(100).unwrap();
     let mut g = comm.group();
     g.all_reduce(Rank(0), &a, &mut ra, ReduceOp::Sum).unwrap();
     g.all_reduce(Rank(1), &b, &mut rb, ReduceOp::Max).unwrap();
-    match g.launch() {
-        Err(Error::Core {
-            source: ringcc_core::Error::MismatchedCall { .. },
-            ..
-        }) => {}
+    let cause = match g.launch() {
+        Err(
+            e @ Error::Core {
+                channel: Some(_),
+                source: ringcc_core::Error::MismatchedCall { .. },
+                ..
+            },
+        ) => e.to_string(),
         other => panic!("expected MismatchedCall, got {other:?}"),
-    }
+    };
     comm.synchronize().unwrap();
+    // Closing reports the poisoned communicator (a drop could only log).
+    match comm.close() {
+        Err(Error::Poisoned { cause: c }) => assert_eq!(c, cause),
+        other => panic!("expected Poisoned from close, got {other:?}"),
+    }
+    let comm = Comm::init_all(&[0, 0], Config::small(1024, 1).unwrap()).unwrap();
+    comm.close().unwrap();
 }
 
 #[test]

@@ -14,8 +14,8 @@ use ringcc_core::Call;
 pub struct CudaBackend {
     comm: Comm,
     devices: usize,
-    /// `#wrong` of the last timed case: the CUDA backend checks the
-    /// results of the run it timed.
+    /// `#wrong` of the last timed case: after its timed calls the CUDA
+    /// backend checks one more call on fresh inputs.
     last_wrong: Option<(Call, bool, u64)>,
 }
 
@@ -115,8 +115,10 @@ impl PerfBackend for CudaBackend {
         match self.last_wrong {
             Some((c, p, w)) if c == *call && p == in_place && corrupt == 0 => Ok(w),
             _ => {
-                // A fresh checked run; the test-only fault corrupts
-                // elements of its output before the comparison.
+                // A fresh checked run against the core's reference
+                // (`ringcc_core::verify`); the test-only fault corrupts
+                // elements of the victim's output in device memory before
+                // the outputs are read back and compared.
                 let case = perf_case(call, in_place, 0, 1);
                 perf::verify_corrupted(&mut self.comm, &case, corrupt).map_err(failed)
             }

@@ -1,12 +1,12 @@
-//! The GPU engine: streams, events, FIFO memory and fused kernels of one
-//! communicator, through cudarc's driver API.
+//! The GPU [`Device`]: streams, events, FIFO memory and fused kernels of
+//! one communicator, through cudarc's driver API.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 
-use super::{CopyOp, Engine, SliceOp};
+use super::{CopyOp, Device, SliceOp};
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::fused::FusedModule;
@@ -51,15 +51,15 @@ impl Drop for DeviceAlloc {
     }
 }
 
-/// One device of the communicator.
+/// One GPU of the communicator.
 #[derive(Debug)]
-pub(crate) struct Device {
+pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     waves: u32,
     modules: HashMap<ModuleKey, FusedModule>,
 }
 
-impl Device {
+impl Gpu {
     fn module(&mut self, key: ModuleKey) -> Result<&FusedModule> {
         if !self.modules.contains_key(&key) {
             let m = FusedModule::load(&self.ctx, key, self.waves)?;
@@ -71,19 +71,20 @@ impl Device {
     }
 }
 
-/// The engine. See the module documentation.
+/// The GPUs of one communicator as one [`Device`]. See the module
+/// documentation.
 #[derive(Debug)]
-pub(crate) struct CudaEngine {
+pub(crate) struct CudaDevice {
     layout: Layout,
-    devices: HashMap<usize, Device>,
+    gpus: HashMap<usize, Gpu>,
     streams: Vec<Arc<CudaStream>>,
     events: Vec<CudaEvent>,
     fifos: HashMap<BufId, DeviceAlloc>,
     bound: HashMap<BufId, (sys::CUdeviceptr, u64)>,
 }
 
-impl CudaEngine {
-    /// Builds the engine: `user_streams[r]` is rank `r`'s stream (on its
+impl CudaDevice {
+    /// Builds the device: `user_streams[r]` is rank `r`'s stream (on its
     /// device). Creates the channel streams, the events and the FIFOs, and
     /// enables peer access where the layout uses it.
     pub(crate) fn new(
@@ -91,12 +92,12 @@ impl CudaEngine {
         contexts: HashMap<usize, Arc<CudaContext>>,
         user_streams: Vec<Arc<CudaStream>>,
         waves: u32,
-    ) -> Result<CudaEngine> {
-        let mut devices = HashMap::new();
+    ) -> Result<CudaDevice> {
+        let mut gpus = HashMap::new();
         for (&ordinal, ctx) in &contexts {
-            devices.insert(
+            gpus.insert(
                 ordinal,
-                Device {
+                Gpu {
                     ctx: ctx.clone(),
                     waves,
                     modules: HashMap::new(),
@@ -170,9 +171,9 @@ impl CudaEngine {
                 );
             }
         }
-        Ok(CudaEngine {
+        Ok(CudaDevice {
             layout,
-            devices,
+            gpus,
             streams,
             events,
             fifos,
@@ -194,7 +195,7 @@ impl CudaEngine {
 
     /// Compiles and loads the kernels of `module` on every device now.
     pub(crate) fn prepare(&mut self, module: ModuleKey) -> Result<()> {
-        for d in self.devices.values_mut() {
+        for d in self.gpus.values_mut() {
             d.module(module)?;
         }
         Ok(())
@@ -243,7 +244,7 @@ impl CudaEngine {
     }
 }
 
-impl Engine for CudaEngine {
+impl Device for CudaDevice {
     fn launch(&mut self, stream: StreamId, op: &SliceOp) -> Result<()> {
         let dtype = op.kernel.module.dtype;
         let len = op.count.saturating_mul(u64::from(dtype.size()));
@@ -263,7 +264,7 @@ impl Engine for CudaEngine {
         ];
         let device = self.layout.stream_device(stream)?;
         let s = self.stream(stream)?.clone();
-        let dev = self.devices.get_mut(&device).ok_or(Error::NoDevice {
+        let dev = self.gpus.get_mut(&device).ok_or(Error::NoDevice {
             ordinal: device,
             count: 0,
         })?;
@@ -272,7 +273,7 @@ impl Engine for CudaEngine {
             .map_err(Error::driver("cuCtxSetCurrent"))?;
         let module = dev.module(op.kernel.module)?;
         // SAFETY: every address was bounds-checked above for `count`
-        // elements in a live allocation: the FIFOs this engine owns, or the
+        // elements in a live allocation: the FIFOs this device owns, or the
         // user buffers bound (and borrowed) for this call. FIFO addresses on
         // another device are written only over enabled peer access (the
         // layout's Direct links). The stream belongs to this device, whose
@@ -294,8 +295,8 @@ impl Engine for CudaEngine {
         }
         let src = self.address(op.src, op.bytes)?;
         let dst = self.address(op.dst, op.bytes)?;
-        let src_ctx = self.devices_ctx(self.layout.buffer_device(op.src.buf)?)?;
-        let dst_ctx = self.devices_ctx(self.layout.buffer_device(op.dst.buf)?)?;
+        let src_ctx = self.gpu_ctx(self.layout.buffer_device(op.src.buf)?)?;
+        let dst_ctx = self.gpu_ctx(self.layout.buffer_device(op.dst.buf)?)?;
         let s = self.stream(stream)?;
         s.context()
             .bind_to_thread()
@@ -329,14 +330,14 @@ impl Engine for CudaEngine {
     }
 }
 
-impl CudaEngine {
-    fn devices_ctx(&self, ordinal: usize) -> Result<Arc<CudaContext>> {
-        self.devices
+impl CudaDevice {
+    fn gpu_ctx(&self, ordinal: usize) -> Result<Arc<CudaContext>> {
+        self.gpus
             .get(&ordinal)
             .map(|d| d.ctx.clone())
             .ok_or(Error::NoDevice {
                 ordinal,
-                count: self.devices.len(),
+                count: self.gpus.len(),
             })
     }
 }

@@ -1,8 +1,9 @@
-//! The device operations the progress loop needs, behind one trait, so the
-//! same loop drives a real GPU (`cuda`) and a host fake ([`fake`]).
+//! The device operations the progress loop needs, behind one trait
+//! ([`Device`]), so the same loop feeds a real GPU (`cuda`) and a host fake
+//! ([`fake`]).
 //!
 //! Everything is enqueued on streams and ordered by events, the CUDA way:
-//! an engine call returns once the work is *enqueued*; it runs later, in
+//! a device call returns once the work is *enqueued*; it runs later, in
 //! stream order, after the events it waits for.
 
 pub mod fake;
@@ -70,8 +71,9 @@ pub struct CopyOp {
     pub writes: Option<SlotUse>,
 }
 
-/// A device (or a set of devices) the progress loop can drive.
-pub trait Engine {
+/// A device (or a set of devices) the progress loop can drive: what it
+/// launches, copies, records and waits for.
+pub trait Device {
     /// Enqueues a fused kernel on `stream`.
     fn launch(&mut self, stream: StreamId, op: &SliceOp) -> Result<()>;
     /// Enqueues a copy on `stream`.

@@ -3,9 +3,9 @@
 //! order and event waits, and the core's reduction kernels in place of the
 //! fused kernels.
 //!
-//! It runs the very progress loop the GPU runs, so the communicator's
-//! logic (plans, machines, slot addressing, staging, event ordering) is
-//! tested end to end without a GPU. It also checks the FIFO protocol: a
+//! The progress loop that feeds the GPU feeds it too, so the
+//! communicator's logic (plans, the core's engines, slot addressing,
+//! staging, event ordering) is tested end to end without a GPU. It also checks the FIFO protocol: a
 //! slot must be read between two writes and written between two reads,
 //! else [`Error::Hazard`]. A missing event wait shows up as a hazard or as
 //! a wrong result under some interleaving.
@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use ringcc_core::reduce::{finalize, reduce};
 use ringcc_core::{Primitive, SlotIndex};
 
-use super::{CopyOp, Engine, SliceOp, SlotUse};
+use super::{CopyOp, Device, SliceOp, SlotUse};
 use crate::error::{Error, Result};
 use crate::layout::{BufId, ConnId, EventId, Layout, MemRef, StreamId};
 
@@ -112,6 +112,14 @@ impl FakeDevice {
     pub fn output(&self, rank: ringcc_core::Rank) -> Option<&[u8]> {
         let (i, base, len) = *self.bufs.get(&BufId::Output(rank))?;
         self.mem.get(i)?.get(base as usize..(base + len) as usize)
+    }
+
+    /// Rank `rank`'s output buffer, to write into (test-only faults).
+    pub fn output_mut(&mut self, rank: ringcc_core::Rank) -> Option<&mut [u8]> {
+        let (i, base, len) = *self.bufs.get(&BufId::Output(rank))?;
+        self.mem
+            .get_mut(i)?
+            .get_mut(base as usize..(base + len) as usize)
     }
 
     /// Operations executed so far.
@@ -278,7 +286,7 @@ impl FakeDevice {
     }
 }
 
-impl Engine for FakeDevice {
+impl Device for FakeDevice {
     fn launch(&mut self, stream: StreamId, op: &SliceOp) -> Result<()> {
         let s = self.stream(stream);
         self.streams[s].push_back(Op::Launch(*op));
