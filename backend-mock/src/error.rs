@@ -28,7 +28,7 @@ pub enum Error {
         /// Calls given.
         calls: usize,
     },
-    /// `Plan::new` / `Machine::new`: a rank's call is invalid (bad root,
+    /// `Plan::new`: a rank's call is invalid (bad root,
     /// chunk not a multiple of the element size, size overflow).
     InvalidCall {
         /// The rank.
@@ -54,7 +54,7 @@ pub enum Error {
         /// Bytes given.
         got: usize,
     },
-    /// A state machine (`poll_action`, `handle_*`) failed: most often
+    /// The rank's core engine failed (`call`: what it was doing): most often
     /// `MismatchedCall` (ranks called with different count / type / op /
     /// root), or a flow-control protocol violation.
     Core {
