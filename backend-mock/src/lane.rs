@@ -285,6 +285,22 @@ impl Sim {
         self.drive(l);
     }
 
+    /// Hands lane `l`'s engine `event` on the lane's channel; false (the
+    /// lane failed) when the engine refuses it.
+    #[inline]
+    fn feed(&mut self, l: u32, event: Event) -> bool {
+        let now = self.events.now();
+        let t = self.lanes[l as usize].t;
+        match self.engines[t.rank as usize].handle(now, ChannelId(t.channel as u8), event) {
+            Ok(()) => true,
+            Err(e) => {
+                let err = self.engine_error(t.rank, e);
+                self.fail_lane(l, err);
+                false
+            }
+        }
+    }
+
     /// A rank engine's failure as the simulator's error.
     #[cold]
     pub(crate) fn engine_error(&self, rank: u32, e: EngineError) -> Error {
@@ -303,12 +319,7 @@ impl Sim {
                 rank,
                 channel: u32::from(stall.channel.0),
                 waited: secs(stall.waited),
-                waiting_for: match stall.blocked {
-                    Blocked::Exec => "its own slice",
-                    Blocked::Data { .. } => "data from its predecessor",
-                    Blocked::Credit { .. } => "credit from its successor",
-                    _ => "nothing it could name",
-                },
+                waiting_for: stall.blocked.what(),
             },
             other => Error::BadConfig {
                 what: format!("rank {rank}'s engine: {other}"),
@@ -321,18 +332,15 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let now = self.events.now();
         let t = self.lanes[l as usize].t;
-        let c = ChannelId(t.channel as u8);
-        let engine = &mut self.engines[t.rank as usize];
         // Only a slice sent over RDMA needs its exec after it is done.
         let exec = match t.hop {
-            Hop::Net { .. } => engine.pending(c).filter(|e| e.send.is_some()),
+            Hop::Net { .. } => self.engines[t.rank as usize]
+                .pending(ChannelId(t.channel as u8))
+                .filter(|e| e.send.is_some()),
             _ => None,
         };
-        if let Err(e) = engine.handle(now, c, Event::ExecDone) {
-            let err = self.engine_error(t.rank, e);
-            self.fail_lane(l, err);
+        if !self.feed(l, Event::ExecDone) {
             return;
         }
         if let Some(e) = exec {
@@ -368,23 +376,22 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let now = self.events.now();
-        let t = self.lanes[l as usize].t;
-        let c = ChannelId(t.channel as u8);
-        let engine = &mut self.engines[t.rank as usize];
-        let r = match header {
-            Some((step, desc)) => engine.handle(now, c, Event::Header { step, desc }),
-            None => Ok(()),
+        if let Some((step, desc)) = header {
+            if !self.feed(l, Event::Header { step, desc }) {
+                return;
+            }
         }
-        .and_then(|()| engine.handle(now, c, Event::Tail(tail)));
-        if let Err(e) = r {
-            let err = self.engine_error(t.rank, e);
-            self.fail_lane(l, err);
+        if !self.feed(l, Event::Tail(tail)) {
             return;
         }
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
-        if !engine.machine(c).is_some_and(|m| m.is_busy()) {
+        let t = self.lanes[l as usize].t;
+        let engine = &self.engines[t.rank as usize];
+        if !engine
+            .machine(ChannelId(t.channel as u8))
+            .is_some_and(|m| m.is_busy())
+        {
             self.drive(l);
         }
     }
@@ -394,20 +401,15 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let now = self.events.now();
         let t = self.lanes[l as usize].t;
-        let c = ChannelId(t.channel as u8);
-        let engine = &mut self.engines[t.rank as usize];
+        let engine = &self.engines[t.rank as usize];
         // A counter read may show a value already handled.
-        if head <= engine.machine(c).map_or(0, |m| m.send_head()) {
-            return;
+        let known = engine
+            .machine(ChannelId(t.channel as u8))
+            .map_or(0, |m| m.send_head());
+        if head > known && self.feed(l, Event::Head(head)) {
+            self.drive(l);
         }
-        if let Err(e) = engine.handle(now, c, Event::Head(head)) {
-            let err = self.engine_error(t.rank, e);
-            self.fail_lane(l, err);
-            return;
-        }
-        self.drive(l);
     }
 
     /// Returns credit `head` from lane `l` to its predecessor.

@@ -126,19 +126,30 @@ pub enum Blocked {
     Failed,
 }
 
+impl Blocked {
+    /// What is waited for, in a few words ("data from its predecessor").
+    pub const fn what(&self) -> &'static str {
+        match self {
+            Blocked::Ready => "nothing (ready)",
+            Blocked::Exec => "its own slice",
+            Blocked::Data { .. } => "data from its predecessor",
+            Blocked::Credit { .. } => "credit from its successor",
+            Blocked::Done => "nothing (done)",
+            Blocked::Failed => "nothing (failed)",
+        }
+    }
+}
+
 impl core::fmt::Display for Blocked {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            Blocked::Ready => f.write_str("nothing (ready)"),
-            Blocked::Exec => f.write_str("its own slice to complete"),
             Blocked::Data { tail, need } => {
-                write!(f, "data from its predecessor (tail {tail}, needs {need})")
+                write!(f, "{} (tail {tail}, needs {need})", self.what())
             }
             Blocked::Credit { head, need } => {
-                write!(f, "credit from its successor (head {head}, needs {need})")
+                write!(f, "{} (head {head}, needs {need})", self.what())
             }
-            Blocked::Done => f.write_str("nothing (done)"),
-            Blocked::Failed => f.write_str("nothing (failed)"),
+            _ => f.write_str(self.what()),
         }
     }
 }
