@@ -4,11 +4,14 @@
 //! from `RINGCC_*`).
 //!
 //! ```text
-//! verbs_rank suite [--sizes 0,1,1000] [--seed S]   every collective, checked
-//!                                                 (every other call on registered buffers)
+//! verbs_rank suite [--sizes 0,1,1000] [--seed S] [--in-place]
+//!                                                 every collective, checked (every other
+//!                                                 call on registered buffers; --in-place:
+//!                                                 every call in place, NCCL's layout)
 //! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE] [--registered]
 //! verbs_rank loop --bytes B --seconds S            allreduce until error/time
 //! verbs_rank mismatch                              rank 1 calls another count
+//! verbs_rank stall [--seconds S]                   rank 1 makes its second call S s late
 //! verbs_rank bad-rkey                              rank 1 advertises a bad rkey
 //! verbs_rank stranger                              connect with a wrong token
 //! ```
@@ -21,9 +24,24 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ringcc_core::{Collective, DataType, Plan, Rank, ReduceOp};
-use ringcc_tests::reference::{expected, input};
+use ringcc_core::{verify, Collective, DataType, Plan, Rank, ReduceOp};
 use ringcc_verbs::{Call, Communicator, Config, Error, Fault, Launch};
+
+/// Rank `rank`'s input for `plan` (the core's exact test values: every
+/// reduction order gives the same bits).
+fn input(plan: &Plan, op: ReduceOp, rank: u32, salt: u64) -> Vec<u8> {
+    let mut v = vec![0u8; plan.input_len() as usize * usize::from(plan.dtype().size())];
+    verify::fill_input(plan, op, rank, salt, &mut v).expect("input");
+    v
+}
+
+/// Rank `rank`'s expected output, `None` where it is undefined.
+fn expected(plan: &Plan, op: ReduceOp, rank: u32, salt: u64) -> Option<Vec<u8>> {
+    let mut v = vec![0u8; plan.output_len() as usize * usize::from(plan.dtype().size())];
+    verify::fill_expected(plan, op, rank, 0, salt, &mut v)
+        .expect("expected")
+        .then_some(v)
+}
 
 const COMBOS: [(DataType, ReduceOp); 10] = [
     (DataType::F32, ReduceOp::Sum),
@@ -56,7 +74,7 @@ impl Args {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("verbs_rank: {why}\nusage: verbs_rank suite|bench|loop|mismatch|bad-rkey|stranger [options]");
+    eprintln!("verbs_rank: {why}\nusage: verbs_rank suite|bench|loop|mismatch|bad-rkey|stall|stranger [options]");
     std::process::exit(1)
 }
 
@@ -74,7 +92,7 @@ fn main() -> ExitCode {
     let launch = Launch::from_env().unwrap_or_else(|e| usage(&e.to_string()));
     let rank = launch.rank;
     let mut config = Config::from_env().unwrap_or_else(|e| usage(&e.to_string()));
-    if mode == "bad-rkey" && rank == 1 {
+    if mode == "bad-rkey" && rank == Rank(1) {
         config.fault = Some(Fault::CorruptFifoRkey);
     }
     if mode == "stranger" {
@@ -86,6 +104,7 @@ fn main() -> ExitCode {
         "bench" => bench(&mut comm, &args),
         "loop" => run_loop(&mut comm, &args),
         "mismatch" | "bad-rkey" => fault(&mut comm, &mode),
+        "stall" => stall(&mut comm, &args),
         other => usage(&format!("unknown mode {other}")),
     });
     let secs = t0.elapsed().as_secs_f64();
@@ -138,32 +157,52 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
     for (dtype, op) in COMBOS {
         calls.push((Collective::AllReduce, mid, dtype, op));
     }
+    let in_place = args.flag("--in-place");
     for (i, &(collective, count, dtype, op)) in calls.iter().enumerate() {
         let salt = seed.wrapping_mul(1000).wrapping_add(i as u64);
         let plan = Plan::new(collective, count, dtype, n, 1, 64).expect("reference plan");
-        let inp = input(&plan, op, rank, salt);
-        let size = usize::from(dtype.size());
-        let mut out = vec![0xEEu8; plan.output_len() as usize * size];
-        let call = Call {
-            collective,
-            count,
-            dtype,
-            op,
-        };
-        if i % 2 == 1 {
-            // Every other call on registered buffers, run twice on the
-            // same registrations (the output reset in between).
-            let mut inp = inp;
-            let reg_in = comm.register(&mut inp)?;
-            let mut reg_out = comm.register(&mut out)?;
-            comm.run_registered(call, &reg_in, &mut reg_out)?;
-            reg_out.as_mut_slice().fill(0xEE);
-            comm.run_registered(call, &reg_in, &mut reg_out)?;
-        } else {
-            comm.run(call, &inp, &mut out)?;
-        }
+        let inp = input(&plan, op, rank.0, salt);
+        let call = Call::new(collective, count, dtype, op);
         let what = format!("call {i}: {collective} count {count} {dtype} {op}");
-        match expected(&plan, op, rank, salt) {
+        let out = if in_place {
+            // One buffer, NCCL's in-place layout; every other call on a
+            // registered buffer (run twice, the input written again in
+            // between).
+            let size = usize::from(dtype.size());
+            let (ib, ob) = call.buffer_bytes(n);
+            let (io, oo) = call.in_place_offsets(rank.0);
+            let (ia, oa) = (io as usize * size, oo as usize * size);
+            let mut buf = vec![0xEEu8; ib.max(ob)];
+            buf[ia..ia + ib].copy_from_slice(&inp);
+            if i % 2 == 1 {
+                let mut reg = comm.register(&mut buf)?;
+                comm.run_registered_in_place(call, &mut reg)?;
+                let b = reg.as_mut_slice();
+                b.fill(0xEE);
+                b[ia..ia + ib].copy_from_slice(&inp);
+                comm.run_registered_in_place(call, &mut reg)?;
+            } else {
+                comm.run_in_place(call, &mut buf)?;
+            }
+            buf[oa..oa + ob].to_vec()
+        } else {
+            let size = usize::from(dtype.size());
+            let mut out = vec![0xEEu8; plan.output_len() as usize * size];
+            if i % 2 == 1 {
+                // Every other call on registered buffers, run twice on
+                // the same registrations (the output reset in between).
+                let mut inp = inp.clone();
+                let reg_in = comm.register(&mut inp)?;
+                let mut reg_out = comm.register(&mut out)?;
+                comm.run_registered(call, &reg_in, &mut reg_out)?;
+                reg_out.as_mut_slice().fill(0xEE);
+                comm.run_registered(call, &reg_in, &mut reg_out)?;
+            } else {
+                comm.run(call, &inp, &mut out)?;
+            }
+            out
+        };
+        match expected(&plan, op, rank.0, salt) {
             Some(want) => {
                 if let Some(at) = out.iter().zip(&want).position(|(a, b)| a != b) {
                     return Ok(Err(format!(
@@ -172,6 +211,9 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
                     )));
                 }
             }
+            // Out of place a non-root output is left alone; in place it
+            // still holds the input.
+            None if in_place => {}
             None => {
                 if out.iter().any(|&b| b != 0xEE) {
                     return Ok(Err(format!("{what}: a non-root output was written")));
@@ -180,15 +222,16 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
         }
     }
     Ok(Ok(format!(
-        "{} calls on {n} ranks, {} channels",
+        "{} calls{} on {n} ranks, {} channels",
         calls.len(),
+        if in_place { " in place" } else { "" },
         comm.channels()
     )))
 }
 
 fn allreduce_buffers(comm: &Communicator, bytes: u64) -> (Vec<u8>, Vec<u8>) {
     let count = (bytes / 4) as usize;
-    let v = (comm.rank() + 1) as f32;
+    let v = (comm.rank().0 + 1) as f32;
     let inp: Vec<u8> = std::iter::repeat_n(v.to_ne_bytes(), count)
         .flatten()
         .collect();
@@ -257,7 +300,7 @@ fn bench(comm: &mut Communicator, args: &Args) -> Outcome {
         comm.channels(),
         t * 1e6
     );
-    if comm.rank() == 0 {
+    if comm.rank() == Rank(0) {
         println!("BENCH allreduce {line}");
         if let Some(path) = args.value("--out") {
             let json = format!(
@@ -291,7 +334,7 @@ fn run_loop(comm: &mut Communicator, args: &Args) -> Outcome {
 }
 
 fn fault(comm: &mut Communicator, mode: &str) -> Outcome {
-    let count = if mode == "mismatch" && comm.rank() == 1 {
+    let count = if mode == "mismatch" && comm.rank() == Rank(1) {
         1030
     } else {
         1024
@@ -305,6 +348,20 @@ fn fault(comm: &mut Communicator, mode: &str) -> Outcome {
     }
     comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
     Ok(Err(format!("{mode}: the faulty call succeeded")))
+}
+
+/// A healthy call, then rank 1 stays away for `--seconds` (default 8)
+/// before the second: the others' engines time out and report what their
+/// channels wait for; rank 1 then finds the job aborted.
+fn stall(comm: &mut Communicator, args: &Args) -> Outcome {
+    let inp = vec![1u8; 4096];
+    let mut out = vec![0u8; 4096];
+    comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
+    if comm.rank() == Rank(1) {
+        std::thread::sleep(Duration::from_secs(args.num("--seconds", 8)));
+    }
+    comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
+    Ok(Err("stall: the late call succeeded".into()))
 }
 
 fn stranger(mut launch: Launch, config: Config) -> ExitCode {

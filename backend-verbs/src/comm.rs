@@ -3,17 +3,17 @@
 
 use std::sync::Arc;
 
-use ringcc_core::topology::Topology;
-use ringcc_core::{ChannelId, Collective, DataType, Machine, Plan, Rank, ReduceOp};
+use ringcc_core::{Collective, DataType, Plan, Rank, ReduceOp};
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::engine::{CallCtx, Engine};
 use crate::error::{Error, Result};
-use crate::ib::mem::UserMr;
+use crate::exec::{Bufs, CallCtx};
+use crate::ib::mem::{NicMrs, UserMr};
 use crate::launch::Launch;
 use crate::rendezvous::{AbortState, StoreClient, StoreServer, Watcher};
 use crate::setup::{build, MAX_RANKS};
+use crate::transport::{rank_engine, RankEngine, Transport};
 
 pub use ringcc_core::Call;
 
@@ -22,7 +22,7 @@ pub use ringcc_core::Call;
 /// Never blocks for long (a socket write with a timeout).
 #[derive(Clone)]
 pub struct AbortHandle {
-    rank: u32,
+    rank: Rank,
     state: Arc<AbortState>,
     watcher: Option<Arc<Watcher>>,
 }
@@ -30,8 +30,8 @@ pub struct AbortHandle {
 impl AbortHandle {
     /// Aborts with `reason`.
     pub fn abort(&self, reason: &str) {
-        if self.state.set(Some(self.rank), reason.to_owned()) {
-            warn!(rank = self.rank, "abort: {reason}");
+        if self.state.set(Some(self.rank.0), reason.to_owned()) {
+            warn!(rank = self.rank.0, "abort: {reason}");
             if let Some(w) = &self.watcher {
                 w.send_abort(&format!("rank {}: {reason}", self.rank));
             }
@@ -78,9 +78,6 @@ impl Registered<'_> {
     }
 }
 
-/// One buffer's registration on each NIC (`None`: empty buffer).
-type NicMrs<'a> = Vec<Option<UserMr<'a>>>;
-
 /// Each communicator's identity, for a [`Registered`]'s owner.
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -93,26 +90,44 @@ static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 /// aborts). After any error the communicator is unusable
 /// ([`Error::Poisoned`]) and the other ranks' calls fail too.
 ///
-/// Buffers are host memory: `input` is only read, `output` only written.
-/// Their lengths follow NCCL's layout (see [`Plan`]): AllReduce `count`
-/// in and out; ReduceScatter `n·count` in, `count` out; AllGather `count`
-/// in, `n·count` out; Broadcast and Reduce `count` in and out, where a
+/// Buffers are host memory. Out of place ([`run`](Communicator::run)),
+/// `input` is only read and `output` only written; their lengths follow
+/// NCCL's layout (see [`Plan`]): AllReduce `count` in and out;
+/// ReduceScatter `n·count` in, `count` out; AllGather `count` in,
+/// `n·count` out; Broadcast and Reduce `count` in and out, where a
 /// Broadcast non-root may pass an empty input and a Reduce non-root an
-/// empty output.
+/// empty output. In place ([`run_in_place`](Communicator::run_in_place))
+/// one buffer holds both, as NCCL lays them out
+/// ([`Call::in_place_offsets`]).
+///
+/// The schedule is the core's: one [`Engine`](ringcc_core::Engine) per
+/// communicator drives every channel's machine, numbers the calls and
+/// carries each connection's counters from one call to the next.
 pub struct Communicator {
     id: u64,
-    rank: u32,
+    rank: Rank,
     world: u32,
     config: Config,
-    seq: u64,
     poisoned: Option<String>,
     abort: Arc<AbortState>,
-    topo: Box<Topology<MAX_RANKS>>,
+    engine: RankEngine,
     // Drop order: queue pairs first, then this rank's store connection
     // (a clean goodbye), then the store itself (rank 0).
-    engine: Engine,
+    transport: Transport,
     watcher: Option<Arc<Watcher>>,
     _server: Option<StoreServer>,
+}
+
+/// A call's buffers as the caller gave them.
+enum UserBufs<'b> {
+    Apart(&'b [u8], &'b mut [u8]),
+    InPlace(&'b mut [u8]),
+}
+
+/// Registrations the caller made ([`Communicator::register`]).
+enum UserMrs<'b> {
+    Apart(NicMrs<'b>, NicMrs<'b>),
+    InPlace(NicMrs<'b>),
 }
 
 fn bind_addr(addr: &str) -> Result<String> {
@@ -125,6 +140,20 @@ fn bind_addr(addr: &str) -> Result<String> {
     } else {
         format!("0.0.0.0:{port}")
     })
+}
+
+/// Registers `buf` with every NIC of `transport`.
+///
+/// # Safety
+/// `buf` stays allocated and in place for `'b`, and the registrations are
+/// dropped before it is freed.
+unsafe fn register_all<'b>(transport: &Transport, buf: &[u8]) -> Result<NicMrs<'b>> {
+    let mut mrs = Vec::with_capacity(transport.nics.len());
+    for nic in &transport.nics {
+        // SAFETY: the caller's promise.
+        mrs.push(unsafe { UserMr::register(&nic.pd, buf.as_ptr(), buf.len(), &nic.name)? });
+    }
+    Ok(mrs)
 }
 
 impl Communicator {
@@ -144,7 +173,7 @@ impl Communicator {
                 "{world} ranks exceed the maximum of {MAX_RANKS}"
             )));
         }
-        let server = if rank == 0 {
+        let server = if rank == Rank(0) {
             Some(StoreServer::start(
                 &bind_addr(&launch.addr)?,
                 &launch.token,
@@ -156,7 +185,7 @@ impl Communicator {
         let mut client = StoreClient::connect(
             &launch.addr,
             &launch.token,
-            rank,
+            rank.0,
             world,
             config.connect_timeout,
         )?;
@@ -170,28 +199,28 @@ impl Communicator {
         let abort = Arc::new(AbortState::default());
         let watcher = Arc::new(client.into_watcher(Arc::clone(&abort))?);
         info!(
-            rank,
+            rank = rank.0,
             world,
             channels = config.channels,
             "verbs: communicator ready"
         );
+        let engine = rank_engine(rank, built.transport.chans.len(), config.timeout);
         Ok(Communicator {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             rank,
             world,
             config,
-            seq: 0,
             poisoned: None,
             abort,
-            topo: built.topo,
-            engine: built.engine,
+            engine,
+            transport: built.transport,
             watcher: Some(watcher),
             _server: server,
         })
     }
 
     /// This rank.
-    pub fn rank(&self) -> u32 {
+    pub fn rank(&self) -> Rank {
         self.rank
     }
 
@@ -212,7 +241,7 @@ impl Communicator {
 
     /// Collectives completed so far (the next call's sequence number).
     pub fn calls(&self) -> u64 {
-        self.seq
+        self.engine.seq()
     }
 
     /// A handle that aborts this communicator from any thread.
@@ -238,7 +267,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = self.checked(elements(input.len(), dtype, "input"))?;
-        self.run(call(Collective::AllReduce, count, dtype, op), input, output)
+        self.run(Call::all_reduce(count, dtype, op), input, output)
     }
 
     /// ReduceScatter: rank `b` gets block `b` of the reduction.
@@ -250,21 +279,13 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = self.checked(elements(output.len(), dtype, "output"))?;
-        self.run(
-            call(Collective::ReduceScatter, count, dtype, op),
-            input,
-            output,
-        )
+        self.run(Call::reduce_scatter(count, dtype, op), input, output)
     }
 
     /// AllGather: block `b` of every output is rank `b`'s input.
     pub fn all_gather(&mut self, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
         let count = self.checked(elements(input.len(), dtype, "input"))?;
-        self.run(
-            call(Collective::AllGather, count, dtype, ReduceOp::Sum),
-            input,
-            output,
-        )
+        self.run(Call::all_gather(count, dtype), input, output)
     }
 
     /// Broadcast: every output is `root`'s input.
@@ -273,11 +294,10 @@ impl Communicator {
         input: &[u8],
         output: &mut [u8],
         dtype: DataType,
-        root: u32,
+        root: Rank,
     ) -> Result<()> {
         let count = self.checked(elements(output.len(), dtype, "output"))?;
-        let c = Collective::Broadcast { root: Rank(root) };
-        self.run(call(c, count, dtype, ReduceOp::Sum), input, output)
+        self.run(Call::broadcast(count, dtype, root), input, output)
     }
 
     /// Reduce: `root`'s output is the reduction of every input.
@@ -287,27 +307,24 @@ impl Communicator {
         output: &mut [u8],
         dtype: DataType,
         op: ReduceOp,
-        root: u32,
+        root: Rank,
     ) -> Result<()> {
         let count = self.checked(elements(input.len(), dtype, "input"))?;
-        let c = Collective::Reduce { root: Rank(root) };
-        self.run(call(c, count, dtype, op), input, output)
+        self.run(Call::reduce(count, dtype, op, root), input, output)
     }
 
     /// Registers `buf` with every NIC of this communicator, for
-    /// [`run_registered`](Communicator::run_registered). Local access only.
-    /// A failure here (out of pinnable memory, say) is this rank's alone:
-    /// it neither aborts the job nor poisons the communicator.
+    /// [`run_registered`](Communicator::run_registered) and
+    /// [`run_registered_in_place`](Communicator::run_registered_in_place).
+    /// Local access only. A failure here (out of pinnable memory, say) is
+    /// this rank's alone: it neither aborts the job nor poisons the
+    /// communicator.
     pub fn register<'a>(&self, buf: &'a mut [u8]) -> Result<Registered<'a>> {
-        let mut mrs = Vec::with_capacity(self.engine.nics.len());
-        for nic in &self.engine.nics {
-            // SAFETY: `buf` is borrowed by the `Registered` for `'a`, so
-            // it stays allocated and in place while the registration
-            // lives; the registration is dropped with the `Registered`
-            // (field order) or, for the clones a call holds, before that
-            // call returns.
-            mrs.push(unsafe { UserMr::register(&nic.pd, buf.as_ptr(), buf.len(), &nic.name)? });
-        }
+        // SAFETY: `buf` is borrowed by the `Registered` for `'a`, so it
+        // stays allocated and in place while the registration lives; the
+        // registrations are dropped with the `Registered` (field order)
+        // or, for the clones a call holds, before that call returns.
+        let mrs = unsafe { register_all(&self.transport, buf)? };
         Ok(Registered {
             mrs,
             buf,
@@ -324,41 +341,96 @@ impl Communicator {
         input: &Registered<'_>,
         output: &mut Registered<'_>,
     ) -> Result<()> {
-        let foreign = [("input", input.owner), ("output", output.owner)]
-            .into_iter()
-            .find(|&(_, owner)| owner != self.id);
-        if let (Some((what, _)), None) = (foreign, &self.poisoned) {
-            return Err(self.fail(Error::ForeignRegistration { what }));
-        }
-        let mrs = Some((input.mrs.clone(), output.mrs.clone()));
-        self.run_guarded(call, input.buf, output.buf, mrs)
+        self.check_owner(&[("input", input.owner), ("output", output.owner)])?;
+        let mrs = UserMrs::Apart(input.mrs.clone(), output.mrs.clone());
+        self.run_guarded(call, UserBufs::Apart(input.buf, output.buf), Some(mrs))
     }
 
     /// Runs `call` on this rank's buffers. Any error aborts the job and
     /// leaves the communicator unusable.
     pub fn run(&mut self, call: Call, input: &[u8], output: &mut [u8]) -> Result<()> {
-        self.run_guarded(call, input, output, None)
+        self.run_guarded(call, UserBufs::Apart(input, output), None)
     }
 
-    /// [`run_inner`](Communicator::run_inner) on a usable communicator;
-    /// counts the call, or records the failure.
+    /// Runs `call` in place: `buf` holds the larger of the call's input
+    /// and output ([`Call::buffer_bytes`] on [`world_size`] ranks), the
+    /// input from element `in_place_offsets(rank).0` on and the output
+    /// from element `in_place_offsets(rank).1` on
+    /// ([`Call::in_place_offsets`], NCCL's in-place layout: the same
+    /// bytes for AllReduce, Broadcast and Reduce; the output is block
+    /// `rank` of the input for ReduceScatter, the input block `rank` of
+    /// the output for AllGather). Any error aborts the job and leaves the
+    /// communicator unusable.
+    ///
+    /// [`world_size`]: Communicator::world_size
+    pub fn run_in_place(&mut self, call: Call, buf: &mut [u8]) -> Result<()> {
+        self.run_guarded(call, UserBufs::InPlace(buf), None)
+    }
+
+    /// [`run_in_place`](Communicator::run_in_place) on a buffer
+    /// registered with this communicator.
+    pub fn run_registered_in_place(&mut self, call: Call, buf: &mut Registered<'_>) -> Result<()> {
+        self.check_owner(&[("in-place", buf.owner)])?;
+        let mrs = UserMrs::InPlace(buf.mrs.clone());
+        self.run_guarded(call, UserBufs::InPlace(buf.buf), Some(mrs))
+    }
+
+    /// Refuses registrations of another communicator (this one's
+    /// poisoning, if any, is reported first).
+    fn check_owner(&mut self, owners: &[(&'static str, u64)]) -> Result<()> {
+        let foreign = owners.iter().find(|&&(_, owner)| owner != self.id);
+        if let (Some(&(what, _)), None) = (foreign, &self.poisoned) {
+            return Err(self.fail(Error::ForeignRegistration { what }));
+        }
+        Ok(())
+    }
+
+    /// [`run_inner`](Communicator::run_inner) on a usable communicator,
+    /// or the failure recorded.
     fn run_guarded<'b>(
         &mut self,
         call: Call,
-        input: &'b [u8],
-        output: &'b mut [u8],
-        mrs: Option<(NicMrs<'b>, NicMrs<'b>)>,
+        bufs: UserBufs<'b>,
+        mrs: Option<UserMrs<'b>>,
     ) -> Result<()> {
         if let Some(p) = &self.poisoned {
             return Err(Error::Poisoned { cause: p.clone() });
         }
-        match self.run_inner(call, input, output, mrs) {
-            Ok(()) => {
-                self.seq = self.seq.wrapping_add(1);
-                Ok(())
+        self.run_inner(call, bufs, mrs).map_err(|e| self.fail(e))
+    }
+
+    /// Checks the buffers' lengths against `plan`.
+    fn check_lengths(&self, call: &Call, plan: &Plan, bufs: &UserBufs<'_>) -> Result<()> {
+        let elem = u64::from(call.dtype.size());
+        let need_in = plan.input_len().saturating_mul(elem);
+        let need_out = plan.output_len().saturating_mul(elem);
+        let bad = |which, expected, got: usize| Error::BadBuffer {
+            which,
+            expected,
+            got: got as u64,
+        };
+        match bufs {
+            UserBufs::Apart(input, output) => {
+                let root = call.collective.root();
+                let not_root = root.is_some() && root != Some(self.rank);
+                let may_skip_in =
+                    matches!(call.collective, Collective::Broadcast { .. }) && not_root;
+                let may_skip_out = matches!(call.collective, Collective::Reduce { .. }) && not_root;
+                if input.len() as u64 != need_in && !(may_skip_in && input.is_empty()) {
+                    return Err(bad("input", need_in, input.len()));
+                }
+                if output.len() as u64 != need_out && !(may_skip_out && output.is_empty()) {
+                    return Err(bad("output", need_out, output.len()));
+                }
             }
-            Err(e) => Err(self.fail(e)),
+            UserBufs::InPlace(buf) => {
+                let need = need_in.max(need_out);
+                if buf.len() as u64 != need {
+                    return Err(bad("in-place", need, buf.len()));
+                }
+            }
         }
+        Ok(())
     }
 
     /// `mrs`: the buffers' registrations (per NIC), when the caller
@@ -366,9 +438,8 @@ impl Communicator {
     fn run_inner<'b>(
         &mut self,
         call: Call,
-        input: &'b [u8],
-        output: &'b mut [u8],
-        mrs: Option<(NicMrs<'b>, NicMrs<'b>)>,
+        bufs: UserBufs<'b>,
+        mrs: Option<UserMrs<'b>>,
     ) -> Result<()> {
         if let Some(e) = self.abort.error() {
             return Err(e);
@@ -382,82 +453,93 @@ impl Communicator {
             self.config.chunk_bytes,
         )
         .map_err(Error::core("Plan::new"))?;
-        let elem = u64::from(call.dtype.size());
-        let need_in = plan.input_len().saturating_mul(elem);
-        let need_out = plan.output_len().saturating_mul(elem);
-        let root = call.collective.root().map(|r| r.0);
-        let may_skip_in =
-            matches!(call.collective, Collective::Broadcast { .. }) && root != Some(self.rank);
-        let may_skip_out =
-            matches!(call.collective, Collective::Reduce { .. }) && root != Some(self.rank);
-        if input.len() as u64 != need_in && !(may_skip_in && input.is_empty()) {
-            return Err(Error::BadBuffer {
-                which: "input",
-                expected: need_in,
-                got: input.len() as u64,
-            });
-        }
-        if output.len() as u64 != need_out && !(may_skip_out && output.is_empty()) {
-            return Err(Error::BadBuffer {
-                which: "output",
-                expected: need_out,
-                got: output.len() as u64,
-            });
-        }
-        let desc = call.desc(self.seq);
-        let geometry = self.engine.geometry;
-        let me = Rank(self.rank);
-        let mut machines = Vec::with_capacity(self.engine.chans.len());
-        for chan in &self.engine.chans {
-            let id = ChannelId(chan.id);
-            let ring = self.topo.ring(id).map_err(Error::core("Topology::ring"))?;
-            let steps = plan
-                .steps(id, me, ring)
-                .map_err(Error::core("Plan::steps"))?;
-            machines.push(
-                Machine::new(desc, steps, geometry, chan.link)
-                    .map_err(Error::core("Machine::new"))?,
-            );
+        self.check_lengths(&call, &plan, &bufs)?;
+        if self.transport.rings.len() < plan.channels() as usize {
+            return Err(Error::Internal(format!(
+                "{} rings for {} channels",
+                self.transport.rings.len(),
+                plan.channels()
+            )));
         }
         // Register the caller's buffers on every device that sends,
         // unless the caller did.
         let t_reg = std::time::Instant::now();
-        let (input_mr, output_mr) = match mrs {
-            Some(m) => m,
-            None => {
-                let nics = &self.engine.nics;
-                let mut input_mr = Vec::with_capacity(nics.len());
-                let mut output_mr = Vec::with_capacity(nics.len());
-                for nic in nics {
+        let elem = usize::from(call.dtype.size());
+        let bufs = match (bufs, mrs) {
+            (UserBufs::Apart(input, output), mrs) => {
+                let (input_mr, output_mr) = match mrs {
+                    Some(UserMrs::Apart(i, o)) => (i, o),
                     // SAFETY: both buffers outlive `ctx`, which holds the
                     // registrations and is dropped before this function
-                    // returns; the engine returns only when no request
-                    // reads them.
-                    input_mr.push(unsafe {
-                        UserMr::register(&nic.pd, input.as_ptr(), input.len(), &nic.name)?
-                    });
-                    output_mr.push(unsafe {
-                        UserMr::register(&nic.pd, output.as_ptr(), output.len(), &nic.name)?
-                    });
+                    // returns.
+                    _ => unsafe {
+                        (
+                            register_all(&self.transport, input)?,
+                            register_all(&self.transport, output)?,
+                        )
+                    },
+                };
+                Bufs::Apart {
+                    input,
+                    output,
+                    input_mr,
+                    output_mr,
                 }
-                (input_mr, output_mr)
+            }
+            (UserBufs::InPlace(buf), mrs) => {
+                let mr = match mrs {
+                    Some(UserMrs::InPlace(m)) => m,
+                    // SAFETY: as above.
+                    _ => unsafe { register_all(&self.transport, buf)? },
+                };
+                let (i, o) = call.in_place_offsets(self.rank.0);
+                let at = |e: u64| {
+                    usize::try_from(e)
+                        .unwrap_or(usize::MAX)
+                        .saturating_mul(elem)
+                };
+                Bufs::InPlace {
+                    buf,
+                    input_at: at(i),
+                    output_at: at(o),
+                    mr,
+                }
             }
         };
         let reg_us = t_reg.elapsed().as_micros();
         let t_run = std::time::Instant::now();
+        let rings = &self.transport.rings;
+        let desc = self
+            .engine
+            .start(
+                self.transport.now(),
+                &call,
+                &plan,
+                self.transport.geometry,
+                |c| {
+                    rings
+                        .get(usize::from(c.0))
+                        .cloned()
+                        .unwrap_or_else(|| crate::transport::OwnedRing::new(Vec::new()))
+                },
+            )
+            .map_err(|e| self.transport.engine_error(e))?;
+        // The registrations in `ctx` are dropped before this function
+        // returns; `run_call` returns only when no request reads the
+        // buffers, or after `shut_down` flushed every queue pair.
         let mut ctx = CallCtx {
             call: desc,
             nranks: self.world,
-            input,
-            output,
-            input_mr,
-            output_mr,
+            bufs,
             host_time: std::time::Duration::ZERO,
             post_time: std::time::Duration::ZERO,
         };
-        let r = self.engine.run_call(&mut machines, &mut ctx, &self.abort);
+        let r = self
+            .transport
+            .run_call(&mut self.engine, &mut ctx, &self.abort);
         debug!(
             call = %desc,
+            in_place = ctx.bufs.in_place(),
             register_us = reg_us,
             run_us = t_run.elapsed().as_micros(),
             host_us = ctx.host_time.as_micros(),
@@ -467,7 +549,7 @@ impl Communicator {
         if r.is_err() {
             // Stop the NIC reading the caller's buffers before their
             // registrations go.
-            self.engine.shut_down();
+            self.transport.shut_down();
         }
         drop(ctx);
         r
@@ -478,26 +560,19 @@ impl Communicator {
     }
 
     /// Records a failure: the job is told (unless the failure is another
-    /// rank's abort), the queue pairs are stopped, later calls refused.
+    /// rank's abort), the queue pairs are stopped, the engine and later
+    /// calls refused.
     fn fail(&mut self, e: Error) -> Error {
-        warn!(rank = self.rank, "collective failed: {e}");
-        if !matches!(e, Error::Aborted { .. }) && self.abort.set(Some(self.rank), e.to_string()) {
+        warn!(rank = self.rank.0, "collective failed: {e}");
+        if !matches!(e, Error::Aborted { .. }) && self.abort.set(Some(self.rank.0), e.to_string()) {
             if let Some(w) = &self.watcher {
                 w.send_abort(&format!("rank {}: {e}", self.rank));
             }
         }
-        self.engine.shut_down();
+        self.engine.abort();
+        self.transport.shut_down();
         self.poisoned = Some(e.to_string());
         e
-    }
-}
-
-fn call(collective: Collective, count: u64, dtype: DataType, op: ReduceOp) -> Call {
-    Call {
-        collective,
-        count,
-        dtype,
-        op,
     }
 }
 

@@ -12,6 +12,7 @@ use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::protocol::post::{RemoteCounter, RemoteFifo, RemoteHeader, CREDIT_LEN};
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::Rkey;
+use ringcc_core::{ChannelId, Rank};
 use serde::{Deserialize, Serialize};
 use sideway::ibverbs::AccessFlags;
 
@@ -20,7 +21,7 @@ use crate::error::Result;
 use crate::ib::cq::EventCqs;
 use crate::ib::mem::HostBuf;
 use crate::ib::nic::Nic;
-use crate::ib::qp::{Init, Qp, QpAddr, Reset, Rts, Transport, RQ_DEPTH};
+use crate::ib::qp::{Init, Qp, QpAddr, Reset, RetryParams, Rts, RQ_DEPTH};
 use ringcc_core::protocol::{Kind, WrId};
 
 /// The description of a sending end, for the successor.
@@ -85,7 +86,7 @@ impl Outstanding {
 
 /// Our connection to the successor.
 pub(crate) struct SendConn {
-    pub peer: u32,
+    pub peer: Rank,
     pub nic: usize,
     pub qp: Qp<Rts>,
     pub fifo: RemoteFifo,
@@ -101,21 +102,18 @@ pub(crate) struct SendConn {
 
 /// Our connection from the predecessor.
 pub(crate) struct RecvConn {
-    pub peer: u32,
-    pub nic: usize,
+    pub peer: Rank,
     pub qp: Qp<Rts>,
     pub fifo: HostBuf,
     pub mailbox: HostBuf,
     /// The predecessor's credit counter.
     pub counter: RemoteCounter,
     pub out: Outstanding,
-    /// The latest `tail` seen (to widen immediates).
-    pub tail: u64,
 }
 
 /// A sending end before it is connected.
 pub(crate) struct SendHalf {
-    peer: u32,
+    peer: Rank,
     nic: usize,
     qp: Qp<Init>,
     counter: HostBuf,
@@ -125,8 +123,7 @@ pub(crate) struct SendHalf {
 
 /// A receiving end before it is connected.
 pub(crate) struct RecvHalf {
-    peer: u32,
-    nic: usize,
+    peer: Rank,
     qp: Qp<Init>,
     fifo: HostBuf,
     mailbox: HostBuf,
@@ -139,15 +136,15 @@ fn fifo_len(g: &FifoGeometry) -> usize {
     usize::try_from(g.fifo_bytes()).unwrap_or(usize::MAX)
 }
 
-fn recvs(kind: Kind, channel: u8) -> impl Iterator<Item = u64> {
-    (0..RQ_DEPTH).map(move |_| WrId::new(kind, channel, 0).encode())
+fn recvs(kind: Kind, channel: ChannelId) -> impl Iterator<Item = u64> {
+    (0..RQ_DEPTH).map(move |_| WrId::new(kind, channel.0, 0).encode())
 }
 
 impl SendHalf {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        channel: u8,
-        peer: u32,
+        channel: ChannelId,
+        peer: Rank,
         nic_index: usize,
         nic: &Nic,
         cqs: &EventCqs,
@@ -179,7 +176,7 @@ impl SendHalf {
         }
     }
 
-    pub fn connect(self, remote: &RecvEnd, nic: &Nic, t: Transport) -> Result<SendConn> {
+    pub fn connect(self, remote: &RecvEnd, nic: &Nic, t: RetryParams) -> Result<SendConn> {
         let qp = self.qp.rtr(&remote.qp, nic.active_mtu)?.rts(t)?;
         Ok(SendConn {
             peer: self.peer,
@@ -206,9 +203,8 @@ impl SendHalf {
 impl RecvHalf {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        channel: u8,
-        peer: u32,
-        nic_index: usize,
+        channel: ChannelId,
+        peer: Rank,
         nic: &Nic,
         cqs: &EventCqs,
         geometry: &FifoGeometry,
@@ -222,7 +218,6 @@ impl RecvHalf {
         let mailbox = HostBuf::new(&nic.pd, CALL_HEADER_LEN, REMOTE, &nic.name)?;
         Ok(RecvHalf {
             peer,
-            nic: nic_index,
             qp,
             fifo,
             mailbox,
@@ -246,11 +241,10 @@ impl RecvHalf {
         }
     }
 
-    pub fn connect(self, remote: &SendEnd, nic: &Nic, t: Transport) -> Result<RecvConn> {
+    pub fn connect(self, remote: &SendEnd, nic: &Nic, t: RetryParams) -> Result<RecvConn> {
         let qp = self.qp.rtr(&remote.qp, nic.active_mtu)?.rts(t)?;
         Ok(RecvConn {
             peer: self.peer,
-            nic: self.nic,
             qp,
             fifo: self.fifo,
             mailbox: self.mailbox,
@@ -259,7 +253,6 @@ impl RecvHalf {
                 rkey: Rkey(remote.counter_rkey),
             },
             out: Outstanding::default(),
-            tail: 0,
         })
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use ringcc_core::{ChannelId, EngineError, Rank};
+
 /// A boxed error from a lower layer (sideway, std).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -52,9 +54,9 @@ pub enum Error {
         /// What the request was (`data write`, `credit return`, `receive`).
         what: &'static str,
         /// The channel.
-        channel: u8,
+        channel: ChannelId,
         /// The rank at the other end of the queue pair.
-        peer: u32,
+        peer: Rank,
         /// `ibv_wc_status` value.
         status: u32,
         /// Its rdma-core name (`IBV_WC_REM_ACCESS_ERR`, …).
@@ -87,23 +89,28 @@ pub enum Error {
     #[error("aborted{}: {reason}", rank.map(|r| format!(" by rank {r}")).unwrap_or_default())]
     Aborted {
         /// The rank that aborted, when known.
-        rank: Option<u32>,
+        rank: Option<Rank>,
         /// Why.
         reason: String,
     },
-    /// A wait ran past its deadline.
+    /// A wait ran past its deadline: a call made no progress (the core
+    /// engine's stall report: rank, call, the channel and what it waits
+    /// for, with its neighbours), or setup waited too long.
     #[error("timed out after {after:?} waiting for {waiting_for}")]
     Timeout {
         /// What was awaited.
         waiting_for: String,
-        /// The deadline that passed.
+        /// How long nothing happened.
         after: Duration,
     },
     /// The core (plan, state machine, reduction kernels, wire formats)
     /// refused: mismatched calls across ranks, a protocol violation by a
     /// peer, a write beyond an advertised capacity.
-    #[error("{call}: {source}")]
+    #[error("{}{call}: {source}", channel.map(|c| format!("channel {c}: ")).unwrap_or_default())]
     Core {
+        /// The channel concerned, when the failure is one channel's (a
+        /// machine's).
+        channel: Option<ChannelId>,
         /// The core call.
         call: &'static str,
         /// The core's error.
@@ -141,11 +148,56 @@ pub enum Error {
 }
 
 impl Error {
+    /// The core error underneath, if the failure is the core's.
+    pub fn core_error(&self) -> Option<ringcc_core::Error> {
+        match self {
+            Error::Core { source, .. } => Some(*source),
+            _ => None,
+        }
+    }
+
     /// Wraps a core error with the call that produced it.
     pub(crate) fn core<E: Into<ringcc_core::Error>>(call: &'static str) -> impl FnOnce(E) -> Error {
         move |source| Error::Core {
+            channel: None,
             call,
             source: source.into(),
+        }
+    }
+
+    /// The core engine's error as this crate's: the one place they are
+    /// mapped. `neighbours(channel)` gives the channel's predecessor and
+    /// successor, for the stall report.
+    pub(crate) fn engine(
+        e: EngineError,
+        neighbours: impl FnOnce(ChannelId) -> Option<(Rank, Rank)>,
+    ) -> Error {
+        match e {
+            EngineError::Machine {
+                channel,
+                during,
+                source,
+            } => Error::Core {
+                channel: Some(channel),
+                call: during,
+                source,
+            },
+            EngineError::Timeout(s) => {
+                let around = neighbours(s.channel)
+                    .map(|(prev, next)| format!(" (from rank {prev}, to rank {next})"))
+                    .unwrap_or_default();
+                Error::Timeout {
+                    waiting_for: format!(
+                        "rank {} call {}: channel {}{around} waits for {} ({} channel(s) open)",
+                        s.rank, s.seq, s.channel, s.blocked, s.open
+                    ),
+                    after: Duration::from_nanos(s.waited),
+                }
+            }
+            EngineError::Aborted | EngineError::Poisoned => Error::Poisoned {
+                cause: format!("the progress engine stopped earlier ({e})"),
+            },
+            other => Error::Internal(format!("progress engine: {other}")),
         }
     }
 
@@ -171,3 +223,63 @@ impl Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringcc_core::{Blocked, Stall};
+
+    #[test]
+    fn engine_errors_keep_the_channel_and_the_stall_report() {
+        let source = ringcc_core::Error::NoExecPending;
+        let e = Error::engine(
+            EngineError::Machine {
+                channel: ChannelId(3),
+                during: "handle_exec_done",
+                source,
+            },
+            |_| None,
+        );
+        assert!(matches!(
+            e,
+            Error::Core {
+                channel: Some(ChannelId(3)),
+                call: "handle_exec_done",
+                ..
+            }
+        ));
+        assert_eq!(e.core_error(), Some(source));
+        assert!(
+            e.to_string().starts_with("channel 3: handle_exec_done: "),
+            "{e}"
+        );
+
+        let stall = Stall {
+            rank: Rank(2),
+            seq: 7,
+            channel: ChannelId(1),
+            blocked: Blocked::Credit { head: 4, need: 6 },
+            open: 2,
+            waited: 1_500_000_000,
+        };
+        let e = Error::engine(EngineError::Timeout(stall), |c| {
+            (c == ChannelId(1)).then_some((Rank(1), Rank(3)))
+        });
+        match &e {
+            Error::Timeout { waiting_for, after } => {
+                assert_eq!(*after, Duration::from_millis(1500));
+                assert_eq!(
+                    waiting_for,
+                    "rank 2 call 7: channel 1 (from rank 1, to rank 3) waits for credit from its \
+                     successor (head 4, needs 6) (2 channel(s) open)"
+                );
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert_eq!(e.core_error(), None);
+        assert!(matches!(
+            Error::engine(EngineError::Poisoned, |_| None),
+            Error::Poisoned { .. }
+        ));
+    }
+}

@@ -23,6 +23,8 @@
 //! derived token is not a secret; it keeps strangers and stale jobs that
 //! reuse the port out.
 
+use ringcc_core::Rank;
+
 use crate::error::{Error, Result};
 
 /// The port rank 0 serves on when none is given.
@@ -48,7 +50,7 @@ pub enum Launcher {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
     /// This process's rank, `0..world_size`.
-    pub rank: u32,
+    pub rank: Rank,
     /// Number of ranks.
     pub world_size: u32,
     /// Rank 0's rendezvous address, `host:port`.
@@ -126,7 +128,7 @@ impl Launch {
             None => derive_token(&get, world_size, &addr),
         };
         Ok(Launch {
-            rank,
+            rank: Rank(rank),
             world_size,
             addr,
             token,
@@ -299,7 +301,7 @@ mod tests {
             ("RINGCC_TOKEN", "secret"),
         ])
         .unwrap();
-        assert_eq!(l.rank, 2);
+        assert_eq!(l.rank, Rank(2));
         assert_eq!(l.world_size, 4);
         assert_eq!(l.addr, "10.0.0.1:4000");
         assert_eq!(l.token, "secret");
@@ -341,7 +343,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            (l.rank, l.world_size, l.launcher),
+            (l.rank.0, l.world_size, l.launcher),
             (3, 8, Launcher::OpenMpi)
         );
     }
@@ -349,7 +351,7 @@ mod tests {
     #[test]
     fn pmi() {
         let l = launch(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("RINGCC_ADDR", "h:1")]).unwrap();
-        assert_eq!((l.rank, l.world_size, l.launcher), (1, 2, Launcher::Pmi));
+        assert_eq!((l.rank.0, l.world_size, l.launcher), (1, 2, Launcher::Pmi));
     }
 
     #[test]
@@ -361,7 +363,7 @@ mod tests {
             ("SLURM_JOB_ID", "991"),
         ])
         .unwrap();
-        assert_eq!(l.rank, 5);
+        assert_eq!(l.rank, Rank(5));
         assert_eq!(l.world_size, 16);
         assert_eq!(l.addr, format!("gpu07:{DEFAULT_PORT}"));
         assert_eq!(l.launcher, Launcher::Slurm);
@@ -390,7 +392,7 @@ mod tests {
             ("MASTER_ADDR", "m"),
         ])
         .unwrap();
-        assert_eq!(l.rank, 0);
+        assert_eq!(l.rank, Rank(0));
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! channel, one RC queue pair to its ring successor and one from its
 //! predecessor, on the NIC the core's topology assigns to the channel
 //! (`RINGCC_IB_HCA` maps NIC indices to devices). The schedule is the
-//! core's: per channel a [`Machine`](ringcc_core::Machine) walks the plan,
-//! and this crate only carries out what it asks, which is what every
-//! ringcc backend does.
+//! core's: one progress [`Engine`](ringcc_core::Engine) per communicator
+//! drives a machine per channel, and this crate only turns completions
+//! into the engine's events, carries out the actions it hands out, and
+//! waits, which is what every ringcc backend does.
 //!
 //! The data path is one-sided. Each receiver registers its 8-slot FIFO
 //! (and a call-header mailbox) for remote write and advertises address,
@@ -33,18 +34,20 @@
 //! `RINGCC_*`), [`Config`], [`rendezvous`], `ib` (rdma-core through
 //! `sideway`: devices, registered memory, queue pairs with typestates,
 //! completion queues with events), `conn` (a channel's two connections),
-//! `engine` and `exec` (the progress loop), [`Communicator`].
+//! `transport` (completions → events, the wait, the call loop around the
+//! engine) and `exec` (an action → host work and work requests),
+//! [`Communicator`].
 
 mod comm;
 mod config;
 mod conn;
-mod engine;
 mod error;
 mod exec;
 mod ib;
 pub mod launch;
 pub mod rendezvous;
 mod setup;
+mod transport;
 
 pub use comm::{AbortHandle, Call, Communicator, Registered};
 pub use config::{Config, Fault};

@@ -19,13 +19,13 @@ use tracing::info;
 
 use crate::config::{Agreement, Config};
 use crate::conn::{ChannelEnds, RecvHalf, SendHalf};
-use crate::engine::{Chan, Engine};
 use crate::error::{Error, Result};
 use crate::ib::cq::EventCqs;
 use crate::ib::nic::{device_names, Nic};
-use crate::ib::qp::{Transport, RQ_DEPTH, SQ_DEPTH};
+use crate::ib::qp::{RetryParams, RQ_DEPTH, SQ_DEPTH};
 use crate::launch::fnv1a;
 use crate::rendezvous::StoreClient;
+use crate::transport::{Chan, OwnedRing, Transport};
 
 /// The largest job: the core's capacity for std crates.
 pub use ringcc_core::MAX_RANKS;
@@ -38,8 +38,7 @@ struct Hello {
 
 /// What setup leaves behind.
 pub(crate) struct Built {
-    pub topo: Box<Topology<MAX_RANKS>>,
-    pub engine: Engine,
+    pub transport: Transport,
 }
 
 fn to_value<T: Serialize>(v: &T) -> Result<Value> {
@@ -64,7 +63,8 @@ pub(crate) fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-fn psn(rank: u32, channel: u8, dir: u8) -> u32 {
+fn psn(rank: Rank, channel: ChannelId, dir: u8) -> u32 {
+    let (rank, channel) = (rank.0, channel.0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -82,7 +82,7 @@ fn device_of(nic: u16, names: &[String]) -> usize {
 
 pub(crate) fn build(
     client: &mut StoreClient,
-    rank: u32,
+    me: Rank,
     world: u32,
     config: &Config,
 ) -> Result<Built> {
@@ -147,13 +147,14 @@ pub(crate) fn build(
             .with_cross_nic(config.cross_nic),
     );
 
-    // Which device each channel's two ends use.
-    let me = Rank(rank);
+    // Which device each channel's two ends use, and each channel's ring.
     let channels = config.channels;
     let mut plan = Vec::new(); // (channel, next, prev, send device, recv device)
+    let mut rings = Vec::new();
     for c in 0..channels {
         let id = ChannelId(c as u8);
         let ring = topo.ring(id).map_err(Error::core("Topology::ring"))?;
+        rings.push(OwnedRing::new(ring.iter().collect()));
         let next = ring.next(me).map_err(Error::core("Ring::next"))?;
         let prev = ring.prev(me).map_err(Error::core("Ring::prev"))?;
         let default_nic = topo.nic_of_channel(id).map_or(0, |n| n.0);
@@ -166,9 +167,9 @@ pub(crate) fn build(
             HopKind::Intra | HopKind::Loopback => default_nic,
         };
         plan.push((
-            id.0,
-            next.0,
-            prev.0,
+            id,
+            next,
+            prev,
             device_of(send_nic, &names),
             device_of(recv_nic, &names),
         ));
@@ -206,24 +207,8 @@ pub(crate) fn build(
             continue;
         }
         let (si, ri) = (index_of_device[&s], index_of_device[&r]);
-        let send = SendHalf::new(
-            c,
-            next,
-            si,
-            &opened[si],
-            &cqs[si],
-            &geometry,
-            psn(rank, c, 0),
-        )?;
-        let recv = RecvHalf::new(
-            c,
-            prev,
-            ri,
-            &opened[ri],
-            &cqs[ri],
-            &geometry,
-            psn(rank, c, 1),
-        )?;
+        let send = SendHalf::new(c, next, si, &opened[si], &cqs[si], &geometry, psn(me, c, 0))?;
+        let recv = RecvHalf::new(c, prev, &opened[ri], &cqs[ri], &geometry, psn(me, c, 1))?;
         ends.push(ChannelEnds {
             send: Some(send.end()),
             recv: Some(recv.end(config.fault)),
@@ -236,7 +221,7 @@ pub(crate) fn build(
         .enumerate()
         .map(|(r, v)| from_value(v, r, "channel ends"))
         .collect::<Result<_>>()?;
-    let transport = Transport {
+    let retry = RetryParams {
         timeout: config.ib_timeout,
         retry_cnt: config.retry_cnt,
         rnr_retry: config.rnr_retry,
@@ -244,17 +229,12 @@ pub(crate) fn build(
     let mut chans = Vec::new();
     for (&(c, next, prev, _, _), half) in plan.iter().zip(halves) {
         let Some((send, recv)) = half else {
-            chans.push(Chan {
-                id: c,
-                send: None,
-                recv: None,
-                link: Default::default(),
-            });
+            chans.push(Chan::new(c, None, None));
             continue;
         };
-        let peer_end = |r: u32| {
-            all.get(r as usize)
-                .and_then(|e| e.get(usize::from(c)))
+        let peer_end = |r: Rank| {
+            all.get(r.0 as usize)
+                .and_then(|e| e.get(usize::from(c.0)))
                 .ok_or_else(|| {
                     Error::RendezvousProtocol(format!("rank {r} sent no ends for channel {c}"))
                 })
@@ -265,30 +245,33 @@ pub(crate) fn build(
         let theirs_send = peer_end(prev)?.send.clone().ok_or_else(|| {
             Error::RendezvousProtocol(format!("rank {prev} has no send end on channel {c}"))
         })?;
-        let s_nic = &opened[index_of_device[&plan[usize::from(c)].3]];
-        let r_nic = &opened[index_of_device[&plan[usize::from(c)].4]];
-        let recv = recv.connect(&theirs_send, r_nic, transport)?;
-        let send = send.connect(&theirs_recv, s_nic, transport)?;
+        let s_nic = &opened[index_of_device[&plan[usize::from(c.0)].3]];
+        let r_nic = &opened[index_of_device[&plan[usize::from(c.0)].4]];
+        let recv = recv.connect(&theirs_send, r_nic, retry)?;
+        let send = send.connect(&theirs_recv, s_nic, retry)?;
         info!(
-            channel = c,
-            next,
-            prev,
+            channel = c.0,
+            next = next.0,
+            prev = prev.0,
             send_device = %s_nic.name,
             recv_device = %r_nic.name,
             "verbs: channel connected"
         );
-        chans.push(Chan {
-            id: c,
-            send: Some(send),
-            recv: Some(recv),
-            link: Default::default(),
-        });
+        chans.push(Chan::new(c, Some(send), Some(recv)));
     }
 
     // Round 2: everyone is ready to receive.
     client.all_gather(2, Value::Null, t)?;
     Ok(Built {
-        topo,
-        engine: Engine::new(opened, cqs, chans, geometry, config.timeout, config.spin),
+        transport: Transport::new(
+            me,
+            opened,
+            cqs,
+            chans,
+            rings,
+            geometry,
+            config.timeout,
+            config.spin,
+        ),
     })
 }

@@ -123,7 +123,7 @@ fn an_abort_reaches_every_rank() {
     for s in &states {
         match s.error() {
             Some(Error::Aborted { rank, reason }) => {
-                assert_eq!(rank, Some(2));
+                assert_eq!(rank, Some(ringcc_core::Rank(2)));
                 assert!(reason.contains("bad rkey"));
             }
             other => panic!("expected an abort, got {other:?}"),
@@ -170,7 +170,7 @@ fn a_vanished_rank_aborts_the_others_but_a_clean_leave_does_not() {
     wait_until(|| states[0].is_set());
     match states[0].error() {
         Some(Error::Aborted { rank, reason }) => {
-            assert_eq!(rank, Some(2));
+            assert_eq!(rank, Some(ringcc_core::Rank(2)));
             assert!(reason.contains("lost"), "{reason}");
         }
         other => panic!("expected an abort, got {other:?}"),

@@ -3,9 +3,23 @@
 
 use std::time::Duration;
 
-use ringcc_core::{Collective, DataType, Plan, Rank, ReduceOp};
-use ringcc_tests::reference::{expected, input};
+use ringcc_core::{verify, Collective, DataType, Plan, Rank, ReduceOp};
 use ringcc_verbs::{Call, Communicator, Config, Error, Launch, Launcher};
+
+/// Rank `rank`'s input for `plan` (the core's exact test values).
+fn input(plan: &Plan, op: ReduceOp, rank: u32, salt: u64) -> Vec<u8> {
+    let mut v = vec![0u8; plan.input_len() as usize * usize::from(plan.dtype().size())];
+    verify::fill_input(plan, op, rank, salt, &mut v).unwrap();
+    v
+}
+
+/// Rank `rank`'s expected output, `None` where it is undefined.
+fn expected(plan: &Plan, op: ReduceOp, rank: u32, salt: u64) -> Option<Vec<u8>> {
+    let mut v = vec![0u8; plan.output_len() as usize * usize::from(plan.dtype().size())];
+    verify::fill_expected(plan, op, rank, 0, salt, &mut v)
+        .unwrap()
+        .then_some(v)
+}
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -14,7 +28,7 @@ fn free_port() -> u16 {
 
 fn one_rank() -> Communicator {
     let launch = Launch {
-        rank: 0,
+        rank: Rank(0),
         world_size: 1,
         addr: format!("127.0.0.1:{}", free_port()),
         token: "t".into(),
@@ -28,7 +42,7 @@ fn one_rank() -> Communicator {
 #[test]
 fn every_collective_on_one_rank_equals_the_reference() {
     let mut comm = one_rank();
-    assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+    assert_eq!((comm.rank(), comm.world_size()), (Rank(0), 1));
     let mut i = 0u64;
     for collective in [
         Collective::AllReduce,
@@ -63,6 +77,65 @@ fn every_collective_on_one_rank_equals_the_reference() {
         }
     }
     assert_eq!(comm.calls(), i);
+}
+
+/// In place: one buffer, the input at `in_place_offsets(rank).0`, the
+/// output read back at `.1` (on one rank every offset is 0, and the
+/// buffer is as long as the larger side).
+#[test]
+fn every_collective_in_place_on_one_rank_equals_the_reference() {
+    let mut comm = one_rank();
+    let mut i = 0u64;
+    for collective in [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast { root: Rank(0) },
+        Collective::Reduce { root: Rank(0) },
+    ] {
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::I8, ReduceOp::Avg),
+        ] {
+            for count in [0u64, 1, 17, 100_000] {
+                i += 1;
+                let call = Call::new(collective, count, dtype, op);
+                let plan = Plan::new(collective, count, dtype, 1, 1, 64).unwrap();
+                let (ib, ob) = call.buffer_bytes(1);
+                let (io, oo) = call.in_place_offsets(0);
+                let e = usize::from(dtype.size());
+                let mut buf = vec![0xEEu8; ib.max(ob)];
+                let at = io as usize * e;
+                buf[at..at + ib].copy_from_slice(&input(&plan, op, 0, i));
+                if i.is_multiple_of(2) {
+                    comm.run_in_place(call, &mut buf).unwrap();
+                } else {
+                    let mut reg = comm.register(&mut buf).unwrap();
+                    comm.run_registered_in_place(call, &mut reg).unwrap();
+                }
+                let at = oo as usize * e;
+                assert_eq!(
+                    Some(buf[at..at + ob].to_vec()),
+                    expected(&plan, op, 0, i),
+                    "in place: {collective} {count} {dtype} {op}"
+                );
+            }
+        }
+    }
+    assert_eq!(comm.calls(), i);
+    // The one buffer must hold the larger side exactly.
+    let mut short = vec![0u8; 12];
+    assert!(matches!(
+        comm.run_in_place(
+            Call::all_reduce(4, DataType::F32, ReduceOp::Sum),
+            &mut short
+        ),
+        Err(Error::BadBuffer {
+            which: "in-place",
+            expected: 16,
+            got: 12
+        })
+    ));
 }
 
 #[test]
@@ -107,7 +180,7 @@ fn an_abort_handle_fails_the_next_call_and_never_blocks() {
     let mut out = vec![0u8; 4];
     match comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum) {
         Err(Error::Aborted {
-            rank: Some(0),
+            rank: Some(Rank(0)),
             reason,
         }) => assert!(reason.contains("ctrl-c")),
         other => panic!("expected an abort, got {other:?}"),

@@ -245,8 +245,18 @@ const SMALL: [(&str, &str); 3] = [
 ];
 
 fn suite(n: u32, channels: u32, extra: &[(&str, &str)], node_of: impl Fn(u32) -> Option<String>) {
+    suite_with(&["suite"], n, channels, extra, node_of);
+}
+
+fn suite_with(
+    args: &[&str],
+    n: u32,
+    channels: u32,
+    extra: &[(&str, &str)],
+    node_of: impl Fn(u32) -> Option<String>,
+) {
     let ch = channels.to_string();
-    let mut job = Job::start(n, &["suite"], |r| {
+    let mut job = Job::start(n, args, |r| {
         let mut v = vars(&SMALL);
         v.extend(vars(extra));
         v.push(("RINGCC_NCHANNELS".into(), ch.clone()));
@@ -295,6 +305,28 @@ fn suite_8_ranks_2_channels() {
     suite(8, 2, &[], |_| None);
 }
 
+/// Every collective in place (one buffer, NCCL's layout), half of them on
+/// a registered buffer: 3 ranks, so that ReduceScatter's output and
+/// AllGather's input sit inside the buffer at a rank's block.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_in_place_3_ranks_2_channels() {
+    suite_with(&["suite", "--in-place"], 3, 2, &[], |_| None);
+}
+
+/// In place across two fake nodes of two NICs, rings crossing them.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn suite_in_place_4_ranks_2_nodes_2_nics_3_channels() {
+    suite_with(
+        &["suite", "--in-place", "--sizes", "0,1,1000,40000"],
+        4,
+        3,
+        &[("RINGCC_IB_HCA", "rxe0,rxe0")],
+        |r| Some(format!("node{}", r / 2)),
+    );
+}
+
 fn expect_all_failed(exits: &[Exit], limit: Duration) {
     for e in exits {
         println!("rank {}: {} [{:?}]", e.rank, e.result(), e.at);
@@ -337,6 +369,42 @@ fn fault_mismatched_counts_are_detected() {
         exits[2].result().contains("mismatched call"),
         "rank 2: {}",
         exits[2].result()
+    );
+}
+
+/// A rank that stays away (alive, not calling): its neighbours' engines
+/// time out, and the error is the engine's stall report — the rank, the
+/// call, a channel with its neighbours and what it waits for. (The first
+/// to time out aborts the job, so the other may fail with that abort,
+/// whose reason is the first one's report.) The absent rank then finds
+/// the job aborted.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn fault_an_absent_rank_times_out_its_neighbours_with_the_engines_stall_report() {
+    let mut job = Job::start(3, &["stall", "--seconds", "10"], |_| {
+        vars(&[("RINGCC_TIMEOUT", "3")])
+    });
+    let exits = job.finish(Duration::from_secs(120));
+    expect_all_failed(&exits, Duration::from_secs(60));
+    let mut own = 0;
+    for r in [0, 2] {
+        let res = exits[r].result();
+        assert!(
+            res.contains("timed out after")
+                && res.contains(" call 1: channel ")
+                && res.contains("(from rank ")
+                && res.contains(" waits for "),
+            "rank {r}: {res}"
+        );
+        if res.contains(&format!("waiting for rank {r} call 1: channel ")) {
+            own += 1;
+        }
+    }
+    assert!(own >= 1, "no rank reported its own stall");
+    assert!(
+        exits[1].result().contains("aborted"),
+        "rank 1: {}",
+        exits[1].result()
     );
 }
 
@@ -511,4 +579,65 @@ fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
 #[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
 fn cli_perf_with_buffers_registered_once_checks_clean() {
     cli_perf("1", false);
+}
+
+/// `ringcc perf <collective> --backend verbs` on 3 ranks with the
+/// test-only corruption of 3 output elements: every collective's
+/// out-of-place and in-place columns count exactly those 3 (so the
+/// in-place column really ran in place, NCCL's layout, and checked clean
+/// apart from them), and the command fails as nccl-tests does.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_checks_every_collective_in_place_and_counts_injected_corruption() {
+    for (coll, root) in [
+        ("allreduce", "0"),
+        ("reducescatter", "0"),
+        ("allgather", "0"),
+        ("broadcast", "1"),
+        ("reduce", "2"),
+    ] {
+        let args = [
+            "perf",
+            coll,
+            "--backend",
+            "verbs",
+            "-b",
+            "12K",
+            "-e",
+            "12K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-r",
+            root,
+            "--inject-corruption",
+            "3",
+        ];
+        let mut job = Job::start_bin(&cli_bin(), 3, &args, |_| vars(&SMALL));
+        let exits = job.finish(Duration::from_secs(300));
+        for e in &exits {
+            assert_eq!(
+                e.code,
+                Some(1),
+                "{coll}: rank {} did not report the wrong values:\n{}\n{}",
+                e.rank,
+                e.out,
+                e.err
+            );
+        }
+        let out = &exits[0].out;
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 1, "{coll}: {out}");
+        assert_eq!((rows[0][8], rows[0][12]), ("3", "3"), "{coll}: {out}");
+        assert!(
+            out.contains("Out of bounds values : 6 FAILED"),
+            "{coll}: {out}"
+        );
+        assert!(out.contains("in place: one buffer"), "{coll}: {out}");
+    }
 }

@@ -142,6 +142,9 @@ impl HostBuf {
     }
 }
 
+/// One buffer's registration on each NIC (`None`: an empty buffer).
+pub(crate) type NicMrs<'a> = Vec<Option<UserMr<'a>>>;
+
 /// A registration of a caller's buffer for local access only (the NIC
 /// reads it to send; nobody remote can touch it). Lives no longer than
 /// the buffer (`'a`). A clone shares the registration.

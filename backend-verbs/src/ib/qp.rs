@@ -45,9 +45,9 @@ pub(crate) struct QpAddr {
     pub mtu: u32,
 }
 
-/// Transport parameters of the RTR/RTS transitions.
+/// Retry and timeout parameters of the RTR/RTS transitions.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Transport {
+pub(crate) struct RetryParams {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
@@ -169,7 +169,7 @@ impl Qp<Init> {
 
 impl Qp<Rtr> {
     /// RTR → RTS.
-    pub fn rts(self, t: Transport) -> Result<Qp<Rts>> {
+    pub fn rts(self, t: RetryParams) -> Result<Qp<Rts>> {
         let mut a = QueuePairAttribute::new();
         a.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(self.psn)

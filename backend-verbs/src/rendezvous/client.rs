@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ringcc_core::Rank;
 use serde_json::Value;
 use tracing::{debug, warn};
 
@@ -54,7 +55,10 @@ impl AbortState {
         }
         let r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
         let (rank, reason) = r.clone().unwrap_or((None, "aborted".into()));
-        Some(Error::Aborted { rank, reason })
+        Some(Error::Aborted {
+            rank: rank.map(Rank),
+            reason,
+        })
     }
 }
 
@@ -128,11 +132,11 @@ impl StoreClient {
         match self.reader.recv::<ServerMsg>(Some(deadline)) {
             Ok(ServerMsg::Gathered { round: r, data }) if r == round => Ok(data),
             Ok(ServerMsg::Abort { rank, reason }) => Err(Error::Aborted {
-                rank: Some(rank),
+                rank: Some(Rank(rank)),
                 reason,
             }),
             Ok(ServerMsg::Closing) => Err(Error::Aborted {
-                rank: Some(0),
+                rank: Some(Rank(0)),
                 reason: "rank 0 closed the store during setup".into(),
             }),
             Ok(other) => Err(Error::RendezvousProtocol(format!(
@@ -193,7 +197,7 @@ fn recv_error(addr: &str, what: &str, after: Duration, e: RecvError) -> Error {
             after,
         },
         RecvError::Closed => Error::Aborted {
-            rank: Some(0),
+            rank: Some(Rank(0)),
             reason: format!("the store at {addr} closed the connection"),
         },
         RecvError::Garbage(g) => Error::RendezvousProtocol(g),
