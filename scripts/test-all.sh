@@ -8,7 +8,8 @@
 #   4. unit + property tests cargo test --release (workspace)
 #      CLI benchmark         the README's main command: wall time, memory
 #                            (a report, never a failure on a number)
-#   5. loom models           the slot FIFO under every interleaving
+#   5. loom models           the slot FIFO under every interleaving; two
+#                            engines over it (bounded preemptions)
 #   6. no_std check          a freestanding binary links the core; defmt builds
 #   7. fuzzing               every wire-format fuzz target, briefly
 #   8. Soft-RoCE VM tests    real RDMA verbs in a VM, multi-process
@@ -95,6 +96,8 @@ done_stage
 stage "5. loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$ROOT/target/loom \
     cargo test --locked -p ringcc-core --release --test loom_fifo
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$ROOT/target/loom \
+    cargo test --locked -p ringcc-core --release --test loom_engine
 done_stage
 
 stage "6. no_std check"
