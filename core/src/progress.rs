@@ -107,8 +107,7 @@ impl<M> Channel<M> {
         }
     }
 
-    /// The channel's machine: the current call's, or the last one's
-    /// (none while the running call leaves the channel out).
+    /// The channel's machine (the current call's, or the last one's).
     pub fn machine(&self) -> Option<&Machine<M>> {
         self.machine.as_ref()
     }
@@ -355,8 +354,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
         }
     }
 
-    /// The machine of channel `c` (the running call's or the last one's;
-    /// none while the running call leaves the channel out).
+    /// The machine of channel `c` (the running call's or the last one's).
     pub fn machine(&self, c: ChannelId) -> Option<&Machine<M>> {
         self.channel(c).and_then(Channel::machine)
     }
@@ -464,14 +462,6 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
                 return Err(if peer { self.poison(e) } else { e });
             }
         }
-        // A channel this call leaves out keeps its counters for a later
-        // call, without the machine of an earlier one: an early header on
-        // it belongs to the next call, not to the one that machine ran.
-        for ch in self.channels.as_mut().iter_mut().skip(used as usize) {
-            if let Some(m) = ch.machine.take() {
-                ch.link = m.link();
-            }
-        }
         self.call = Some(desc);
         self.used = u8::try_from(used).unwrap_or(u8::MAX);
         self.open = mask(used);
@@ -497,9 +487,10 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     pub fn handle(&mut self, now: u64, c: ChannelId, event: Event) -> Result<(), EngineError> {
         self.check()?;
         let capacity = self.capacity();
-        // The call an early header on a channel without a machine belongs
-        // to: the next one (a channel the running call leaves out), or the
-        // one about to start.
+        // The first call an early header on a channel without a machine
+        // may belong to: the next one (the running call leaves the channel
+        // out), or the one about to start. A later one is fine too when the
+        // calls in between leave the channel out.
         let next_seq = match self.call {
             Some(_) => self.seq.wrapping_add(1),
             None => self.seq,
@@ -645,9 +636,9 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     }
 }
 
-/// An event for a channel without a machine (never used, or left out of
-/// the running call): only the predecessor's header for call `seq` and
-/// its data may come early.
+/// An event for a channel without a machine yet (never used): only the
+/// predecessor's header for call `seq` or a later one and its data may
+/// come early.
 fn idle_event(link: &mut LinkState, seq: u64, event: Event) -> Result<(), (&'static str, Error)> {
     match event {
         Event::Tail(t) if t < link.recv_tail => Err((
@@ -662,7 +653,7 @@ fn idle_event(link: &mut LinkState, seq: u64, event: Event) -> Result<(), (&'sta
             Ok(())
         }
         Event::Header { step, desc }
-            if desc.seq == seq && step == link.recv_next && link.early_header.is_none() =>
+            if desc.seq >= seq && step == link.recv_next && link.early_header.is_none() =>
         {
             link.early_header = Some((step, desc));
             Ok(())

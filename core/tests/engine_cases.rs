@@ -44,7 +44,10 @@ fn start(
 /// returns the execs.
 fn run_alone(e: &mut One) -> u32 {
     let mut execs = 0;
-    while !e.is_idle() {
+    for _ in 0..10_000 {
+        if e.is_idle() {
+            return execs;
+        }
         match e.poll().unwrap() {
             Some((c, Action::Exec(_))) => {
                 e.handle(0, c, Event::ExecDone).unwrap();
@@ -54,7 +57,7 @@ fn run_alone(e: &mut One) -> u32 {
             other => panic!("a one-rank call does not {other:?}"),
         }
     }
-    execs
+    panic!("a one-rank call that does not end");
 }
 
 fn machine_err(channel: u8, during: &'static str, source: Error) -> EngineError {
@@ -532,7 +535,7 @@ fn impossible_events_on_a_channel_without_a_machine_poison() {
             ProtocolViolation::HeadAhead,
         ),
         (
-            &[header(0, 1)],
+            &[header(0, 1), header(0, 2)],
             "handle_header",
             ProtocolViolation::UnexpectedHeader,
         ),
@@ -663,7 +666,10 @@ fn peer_sends(e: &mut One, c: u8, seq: u64, step: u64) -> Result<(), EngineError
 /// Runs rank 1 until it waits; every exec completes at once, the
 /// credit for its sends is kept in `held`.
 fn drain(e: &mut One, held: &mut Vec<(ChannelId, u64)>) {
-    while let Some((c, a)) = e.poll().unwrap() {
+    for _ in 0..1000 {
+        let Some((c, a)) = e.poll().unwrap() else {
+            return;
+        };
         if let Action::Exec(x) = a {
             e.handle(0, c, Event::ExecDone).unwrap();
             if let Some(s) = x.send {
@@ -671,6 +677,7 @@ fn drain(e: &mut One, held: &mut Vec<(ChannelId, u64)>) {
             }
         }
     }
+    panic!("actions without end");
 }
 
 fn release(e: &mut One, held: &mut Vec<(ChannelId, u64)>) {
@@ -713,33 +720,80 @@ fn a_call_may_leave_out_channels_and_the_next_may_use_them_again() {
     release(&mut e, &mut held);
     drain(&mut e, &mut held);
     assert_eq!((e.is_idle(), e.seq()), (true, 2));
-    // Call 2 on one channel again, call 3's header on the other arrives
-    // while call 1's finished machine is all that channel had.
+    // Calls 2 and 3 on one channel again; call 4's header on the other
+    // arrives while rank 1 finishes call 3: all that channel has is call
+    // 1's finished machine, three calls back.
     start_empty(&mut e, 1);
     peer_sends(&mut e, 0, 2, 4).unwrap();
     drain(&mut e, &mut held);
+    release(&mut e, &mut held);
+    drain(&mut e, &mut held);
+    start_empty(&mut e, 1);
     peer_sends(&mut e, 0, 3, 6).unwrap();
-    peer_sends(&mut e, 1, 3, 2).expect("call 3's header on a channel call 2 leaves out");
-    assert!(
-        e.machine(ChannelId(1)).is_none(),
-        "call 1's machine retired"
-    );
+    drain(&mut e, &mut held);
+    peer_sends(&mut e, 0, 4, 8).unwrap();
+    peer_sends(&mut e, 1, 4, 2).expect("call 4's header after calls that leave the channel out");
     release(&mut e, &mut held);
     drain(&mut e, &mut held);
     start_empty(&mut e, 2);
     drain(&mut e, &mut held);
     release(&mut e, &mut held);
     drain(&mut e, &mut held);
-    assert_eq!((e.is_idle(), e.seq(), e.failure()), (true, 4, None));
+    assert_eq!((e.is_idle(), e.seq(), e.failure()), (true, 5, None));
     let l = e.link(ChannelId(1));
     assert_eq!(
         (l.recv_next, l.recv_tail, l.send_next, l.send_head),
         (4, 4, 4, 4)
     );
-    assert_eq!(e.link(ChannelId(0)).recv_next, 8);
-    // The running call's own header on a channel it leaves out is wrong.
+    assert_eq!(e.link(ChannelId(0)).recv_next, 10);
+    // A header for a call that (on this rank) leaves the channel out is
+    // kept, and refused by the next call that uses the channel.
     start_empty(&mut e, 1);
-    let err = peer_sends(&mut e, 1, 4, 4).unwrap_err();
+    peer_sends(&mut e, 1, 5, 4).unwrap();
+    peer_sends(&mut e, 0, 5, 10).unwrap();
+    drain(&mut e, &mut held);
+    release(&mut e, &mut held);
+    drain(&mut e, &mut held);
+    let call = Call::all_reduce(0, DataType::I8, ReduceOp::Sum);
+    let err = start(&mut e, 0, &call, 2, 2).unwrap_err();
+    let mismatch = Error::MismatchedCall {
+        expected: empty(6),
+        got: empty(5),
+    };
+    assert_eq!(err, machine_err(1, "Machine::new", mismatch));
+}
+
+/// On a channel no call has used yet, a header may come for the next
+/// call or any later one, never for the running one.
+#[test]
+fn an_unused_channel_takes_headers_of_later_calls_only() {
+    let mut e = engine(1);
+    start_empty(&mut e, 1);
+    peer_sends(&mut e, 1, 3, 0).expect("a later call's header");
+    assert_eq!(e.link(ChannelId(1)).early_header, Some((0, empty(3))));
+    let err = peer_sends(&mut e, 2, 0, 0).unwrap_err();
+    assert_eq!(
+        err,
+        machine_err(
+            2,
+            "handle_header",
+            Error::Protocol(ProtocolViolation::UnexpectedHeader)
+        )
+    );
+    // Idle after a call: that call's header is late, not early.
+    let mut e = engine(0);
+    start(&mut e, 0, &Call::all_gather(4, DataType::U8), 1, 1).unwrap();
+    run_alone(&mut e);
+    let err = e
+        .handle(
+            0,
+            ChannelId(1),
+            Event::Header {
+                step: 0,
+                desc: Call::all_gather(4, DataType::U8).desc(0),
+            },
+        )
+        .unwrap_err();
     assert_eq!(
         err,
         machine_err(

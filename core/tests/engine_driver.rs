@@ -146,7 +146,10 @@ fn calls() -> Vec<Call> {
 
 /// Rank `rank`'s side of every call in [`calls`], driven to the end.
 fn rank_thread(rank: u32, shared: Arc<Mutex<Shared>>) -> Counting {
-    let mut engine = Eng::new(Rank(rank), Default::default(), 1 << 40);
+    // 2·10⁹ ns of sleep without progress: two million polls that found
+    // nothing, far beyond a descheduled peer, and a hung run fails in
+    // seconds.
+    let mut engine = Eng::new(Rank(rank), Default::default(), 2_000_000_000);
     let mut driver = BlockingDriver::new(Counting::default(), POLL_NS);
     for (k, call) in calls().into_iter().enumerate() {
         let plan = call.plan(N, CHANNELS, 32).unwrap();

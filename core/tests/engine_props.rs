@@ -131,7 +131,7 @@ fn world(c: &Case, mode: Mode) -> World {
 
 /// Runs a strict world to the end; fails if it gets stuck.
 fn run_to_end(w: &mut World) {
-    let ran_out = w.run(5_000_000);
+    let ran_out = w.run(1_000_000);
     assert!(ran_out, "livelock: move limit hit\n{}", w.report());
     assert!(
         w.finished(),

@@ -130,10 +130,27 @@ fn mismatched_header_is_a_typed_error() {
     );
     assert!(m.poll_action().is_err());
     assert_eq!(m.handle_tail(1), Err(Error::Finished));
-    // A skipped call shows as a sequence mismatch.
-    let mut m = machine();
+    // An earlier call's header is a sequence mismatch.
+    let mut m = machine_with(3, 64, LinkState::default()).unwrap();
     assert!(matches!(
-        m.handle_header(0, call(5, 64)),
+        m.handle_header(0, call(1, 64)),
+        Err(Error::MismatchedCall { .. })
+    ));
+    // A later call's is kept (the calls in between may leave the channel
+    // out, or not send on it), by the next machines too, until the call it
+    // names checks it.
+    let mut m = machine();
+    m.handle_header(0, call(5, 64)).unwrap();
+    assert_eq!(m.link().early_header, Some((0, call(5, 64))));
+    let next = machine_with(1, 64, m.link()).unwrap();
+    assert_eq!(next.link().early_header, Some((0, call(5, 64))));
+    assert!(matches!(
+        machine_with(5, 32, m.link()),
+        Err(Error::MismatchedCall { .. })
+    ));
+    assert!(machine_with(5, 64, m.link()).is_ok());
+    assert!(matches!(
+        machine_with(6, 64, m.link()),
         Err(Error::MismatchedCall { .. })
     ));
 }

@@ -467,8 +467,11 @@ impl<M: RingOrder> Machine<M> {
     ///
     /// The header of this call must come at the collective's first step and
     /// equal this rank's call, or the machine fails with `MismatchedCall`.
-    /// The next call's header (sequence number one higher) may arrive while
-    /// this machine finishes; it is kept in [`LinkState::early_header`].
+    /// The header of the next call on this channel may arrive while this
+    /// machine finishes; it is kept in [`LinkState::early_header`]. Its
+    /// sequence number is higher, by one or — when the calls in between
+    /// leave the channel out — by more; the machine of the call it names
+    /// checks it.
     pub fn handle_header(&mut self, step: u64, desc: CallDesc) -> Result<(), Error> {
         self.live()?;
         if desc.seq == self.call.seq {
@@ -485,7 +488,7 @@ impl<M: RingOrder> Machine<M> {
             self.header_ok = true;
             return Ok(());
         }
-        if desc.seq == self.call.seq.wrapping_add(1) {
+        if desc.seq > self.call.seq {
             if self.has_early || step != self.recv_next {
                 return Err(self.fail(Error::Protocol(ProtocolViolation::UnexpectedHeader)));
             }

@@ -376,6 +376,8 @@ impl World {
         let spec = self.calls[r as usize][k];
         let plan = plan_of(n, &spec);
         assert_eq!(st.engine.seq(), k as u64, "rank {r}: seq before call {k}");
+        assert_eq!(st.engine.rank(), Rank(r));
+        assert_eq!(st.engine.channels().len(), CAP);
         match st
             .engine
             .start(now, &spec.call, &plan, geometry, |c| rings[c.0 as usize])
@@ -398,7 +400,8 @@ impl World {
     }
 
     pub fn poll(&mut self, r: u32, one: bool) {
-        loop {
+        for polls in 0.. {
+            assert!(polls < 100_000, "rank {r}: actions without end");
             let st = &mut self.ranks[r as usize];
             match st.engine.poll() {
                 Ok(Some((c, a))) => {
