@@ -153,6 +153,18 @@ fn mismatched_header_is_a_typed_error() {
         machine_with(6, 64, m.link()),
         Err(Error::MismatchedCall { .. })
     ));
+    // Only one later header, and only where this call's data ends.
+    let mut m = machine();
+    m.handle_header(0, call(1, 64)).unwrap();
+    assert_eq!(
+        m.handle_header(0, call(2, 64)),
+        Err(Error::Protocol(ProtocolViolation::UnexpectedHeader))
+    );
+    let mut m = machine();
+    assert_eq!(
+        m.handle_header(3, call(1, 64)),
+        Err(Error::Protocol(ProtocolViolation::UnexpectedHeader))
+    );
 }
 
 #[test]
@@ -330,4 +342,27 @@ fn credit_may_overtake_the_completion_of_the_slice_it_covers() {
         m.handle_head(2),
         Err(Error::Protocol(ProtocolViolation::HeadAhead))
     );
+}
+
+/// The primitives print as NCCL names them; any other combination is
+/// "invalid".
+#[test]
+fn primitive_names_are_nccls() {
+    use ringcc_core::Primitive as P;
+    let names = [
+        (P::SEND_ONLY, "send"),
+        (P::RECV_REDUCE_SEND, "recvReduceSend"),
+        (P::RECV_REDUCE_COPY_SEND, "recvReduceCopySend"),
+        (P::RECV_COPY_SEND, "recvCopySend"),
+        (P::RECV_ONLY, "recv"),
+        (P::COPY_SEND, "copySend"),
+        (P::RECV_REDUCE_COPY, "recvReduceCopy"),
+        (P::COPY_ONLY, "copy"),
+        (P::RECV, "invalid"),
+        (P::REDUCE | P::SEND, "invalid"),
+    ];
+    for (p, name) in names {
+        assert_eq!(p.name(), name);
+        assert_eq!(p.to_string(), name);
+    }
 }

@@ -541,3 +541,19 @@ fn the_table_holds_where_offsets_reach_the_top_of_the_u64_range() {
         }
     }
 }
+
+/// `size_hint` is exact: the steps not yet yielded, as `remaining` says.
+#[test]
+fn size_hint_counts_the_steps_left() {
+    let p = Plan::new(Collective::AllReduce, 100, DataType::F32, 3, 2, 16).unwrap();
+    let mut steps = p
+        .steps(ChannelId(1), Rank(2), ringcc_core::InOrderRing { ranks: 3 })
+        .unwrap();
+    let total = p.total_steps(ChannelId(1)).unwrap() as usize;
+    assert!(total > 5);
+    for left in (0..=total).rev() {
+        assert_eq!(steps.size_hint(), (left, Some(left)));
+        assert_eq!(steps.remaining(), left as u64);
+        assert_eq!(steps.next().is_some(), left > 0);
+    }
+}

@@ -395,3 +395,18 @@ proptest! {
         }
     }
 }
+
+/// Each kind of work request names itself in error messages.
+#[test]
+fn kinds_name_themselves_for_error_messages() {
+    use ringcc_core::protocol::Kind;
+    let names = [
+        (Kind::Data, "data write"),
+        (Kind::Credit, "credit return"),
+        (Kind::TailRecv, "data receive"),
+        (Kind::CreditRecv, "credit receive"),
+    ];
+    for (k, name) in names {
+        assert_eq!(k.what(), name);
+    }
+}

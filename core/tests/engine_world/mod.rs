@@ -463,6 +463,8 @@ impl World {
                     panic!("rank {r} ch {c}: {b:?} after poll gave nothing")
                 }
             }
+            let done = st.engine.machine(id).is_some_and(|m| m.is_done());
+            assert_eq!(done, b == Blocked::Done, "rank {r} ch {c}: is_done");
             if b != Blocked::Done && first.is_none() {
                 first = Some((id, b));
             }
