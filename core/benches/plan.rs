@@ -5,9 +5,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::{Action, LinkState, Machine};
-use ringcc_core::progress::{ArrayEngine, Channel, Engine, Event};
 use ringcc_core::topology::Topology;
-use ringcc_core::{Call, CallDesc, ChannelId, Collective, DataType, Plan, Rank, ReduceOp};
+use ringcc_core::{CallDesc, ChannelId, Collective, DataType, Plan, Rank, ReduceOp};
 use std::hint::black_box;
 
 fn steps(c: &mut Criterion) {
@@ -124,43 +123,6 @@ fn machine(c: &mut Criterion) {
                             header = false;
                         }
                         m.handle_tail(l.recv_next + 8).unwrap();
-                    }
-                }
-            }
-            black_box(n)
-        })
-    });
-    // The same slices through the progress engine (one channel): what the
-    // engine's bookkeeping adds per event over the machine itself.
-    let call1 = Call::all_reduce(1 << 24, DataType::F32, ReduceOp::Sum);
-    g.bench_function("allreduce_64_ranks_slices_engine", |b| {
-        b.iter(|| {
-            let mut e: ArrayEngine<_, 1> = Engine::new(Rank(9), [Channel::new()], u64::MAX);
-            e.start(0, &call1, &plan, geometry, |_| ring).unwrap();
-            let c = ChannelId(0);
-            let mut header = true;
-            let mut n = 0u64;
-            while !e.is_idle() {
-                match e.poll().unwrap() {
-                    Some((_, Action::Exec(x))) => {
-                        e.handle(0, c, Event::ExecDone).unwrap();
-                        if let Some(s) = x.send {
-                            e.handle(0, c, Event::Head(s.end())).unwrap();
-                        }
-                        n += 1;
-                    }
-                    Some((_, Action::ReturnCredit { head })) => {
-                        black_box(head);
-                    }
-                    Some((_, Action::Done)) => {}
-                    None => {
-                        let l = e.link(c);
-                        if header && l.recv_tail == 0 {
-                            let desc = call1.desc(0);
-                            e.handle(0, c, Event::Header { step: 0, desc }).unwrap();
-                            header = false;
-                        }
-                        e.handle(0, c, Event::Tail(l.recv_next + 8)).unwrap();
                     }
                 }
             }
