@@ -1,9 +1,11 @@
 //! # ringcc-mock: a deterministic cluster simulator
 //!
 //! The oracle every ringcc backend is tested against, and what users run
-//! first. It runs the very state machines of `ringcc-core` — one per rank
-//! and channel, as the real backends do — over a simulated cluster with a
-//! virtual clock:
+//! first. It runs the very progress engine of `ringcc-core` — one
+//! [`Engine`](ringcc_core::Engine) per simulated rank, the whole cluster on
+//! one thread, as each real rank runs its own — and the core's RDMA
+//! connection protocol, unpatched, over a simulated cluster with a virtual
+//! clock:
 //!
 //! - **GPUs** ([`exec`](crate) slices): each rank has its own memory;
 //!   a slice reads its incoming FIFO slot and its input, reduces with the
@@ -25,15 +27,16 @@
 //! - **Timing-only mode** (`payload: false`) moves no bytes and models each
 //!   RDMA message as one flow on its port (the packet model's time on a
 //!   lossless port, at O(1) per message; the two agree within a percent or
-//!   two, tested). The engine is a calendar queue with O(1) pushes and
-//!   pops, credits are handed over lazily (an event only for a lane that
+//!   two, tested). The event queue is a calendar queue with O(1) pushes
+//!   and pops, credits are handed over lazily (an event only for a lane that
 //!   waits for one), so a slice costs about two events: 1024 ranks x 16
-//!   channels, 1 GiB AllReduce (33.5 M slices, 75 M events) in about four
-//!   seconds on one core. At that size the 16 K lanes outgrow the caches:
-//!   a lane keeps what events touch in five cache lines (its own two, then
-//!   the core machine's hot fields), the lanes sit on huge pages, and the
-//!   run loop prefetches the lane of the event a dozen places ahead (the
-//!   crate's only `unsafe`).
+//!   channels, 1 GiB AllReduce (33.5 M slices, 75 M events) in 9–11 s
+//!   on one core of the development machine. At that size the 16 K lanes outgrow the
+//!   caches: a lane keeps what events touch in two cache lines, its
+//!   machine's hot fields open its channel in the rank's engine (three
+//!   more), the lanes sit on huge pages, and the run loop prefetches both,
+//!   and the engine's first line, a dozen events ahead (the crate's only
+//!   `unsafe`).
 //! - **Faults** ([`Faults`]): seeded packet loss, duplication, reordering,
 //!   jitter, a dead rank / NIC / NVLink at a virtual time, a corrupted
 //!   remote key. Loss is recovered by retransmission; a failure ends every
