@@ -12,6 +12,7 @@ use std::process::Command;
 
 use half::{bf16, f16};
 use ringcc_core::reduce::{finalize, reduce};
+use ringcc_core::rng::Rng;
 use ringcc_core::{DataType, Primitive};
 use ringcc_cuda::kernel::{module_source, KernelKey, ModuleKey, HOST_EMULATION_DEFINE, PRIMITIVES};
 
@@ -76,21 +77,14 @@ fn build(dir: &Path, cxx: &str) -> PathBuf {
     lib
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn float(&mut self) -> f32 {
-        let r = self.next();
-        let m = 1.0 + (r & 0xffff) as f32 / 65536.0;
-        let e = ((r >> 16) % 21) as i32 - 10;
-        let s = if (r >> 40) & 1 == 1 { -1.0 } else { 1.0 };
-        s * m * 2f32.powi(e)
-    }
+/// A random f32 from the core's seeded generator: a mantissa in [1, 2),
+/// an exponent in -10..=10, either sign.
+fn float(rng: &mut Rng) -> f32 {
+    let r = rng.next_u64();
+    let m = 1.0 + (r & 0xffff) as f32 / 65536.0;
+    let e = ((r >> 16) % 21) as i32 - 10;
+    let s = if (r >> 40) & 1 == 1 { -1.0 } else { 1.0 };
+    s * m * 2f32.powi(e)
 }
 
 /// `count` random elements: any bits for integers, finite non-zero values
@@ -99,11 +93,11 @@ fn data(dtype: DataType, count: usize, rng: &mut Rng) -> Vec<u8> {
     let mut v = Vec::new();
     for _ in 0..count {
         match dtype {
-            DataType::F16 => v.extend(f16::from_f32(rng.float()).to_ne_bytes()),
-            DataType::Bf16 => v.extend(bf16::from_f32(rng.float()).to_ne_bytes()),
-            DataType::F32 => v.extend(rng.float().to_ne_bytes()),
-            DataType::F64 => v.extend((f64::from(rng.float()) * 1.000_000_1).to_ne_bytes()),
-            _ => v.extend(&rng.next().to_ne_bytes()[..usize::from(dtype.size())]),
+            DataType::F16 => v.extend(f16::from_f32(float(rng)).to_ne_bytes()),
+            DataType::Bf16 => v.extend(bf16::from_f32(float(rng)).to_ne_bytes()),
+            DataType::F32 => v.extend(float(rng).to_ne_bytes()),
+            DataType::F64 => v.extend((f64::from(float(rng)) * 1.000_000_1).to_ne_bytes()),
+            _ => v.extend(&rng.next_u64().to_ne_bytes()[..usize::from(dtype.size())]),
         }
     }
     v
@@ -188,7 +182,7 @@ fn host_emulation_matches_the_core_kernels() {
     // SAFETY: the library was just built from our own source; its
     // initializers do nothing.
     let lib = unsafe { libloading::Library::new(&lib_path) }.unwrap();
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::new(0x1234_5678_9abc_def1);
     let mut checked = 0u64;
     for m in ModuleKey::all() {
         let e = usize::from(m.dtype.size());

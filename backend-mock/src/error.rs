@@ -203,6 +203,18 @@ impl Error {
         }
     }
 
+    /// The core's error underneath, if this is one (a rank's engine failed,
+    /// its call was invalid, or the topology was).
+    pub fn core_error(&self) -> Option<ringcc_core::Error> {
+        match self {
+            Error::Core { source, .. }
+            | Error::InvalidCall { source, .. }
+            | Error::Topology { source } => Some(*source),
+            Error::Aborted { cause, .. } | Error::Poisoned { cause } => cause.core_error(),
+            _ => None,
+        }
+    }
+
     /// The error at the root of an abort (the error itself otherwise).
     pub fn root_cause(&self) -> &Error {
         match self {
@@ -312,6 +324,27 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_core_error_is_found_through_aborts() {
+        let core = Error::Core {
+            rank: 3,
+            channel: 1,
+            call: "handle_header",
+            source: ringcc_core::Error::NoExecPending,
+        };
+        assert_eq!(core.core_error(), Some(ringcc_core::Error::NoExecPending));
+        let aborted = Error::Aborted {
+            rank: 0,
+            origin: 3,
+            cause: Box::new(core),
+        };
+        assert_eq!(
+            aborted.core_error(),
+            Some(ringcc_core::Error::NoExecPending)
+        );
+        assert_eq!(Error::RankDied { rank: 1, at: 0.0 }.core_error(), None);
+    }
 
     #[test]
     fn an_abort_names_the_failed_rank_once() {
