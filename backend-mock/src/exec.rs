@@ -33,6 +33,7 @@ pub(crate) struct Xfer {
 }
 
 impl Sim {
+    #[inline(always)]
     pub(crate) fn start_exec(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
         let now = self.events.now();
         let t = self.lanes[l as usize].t;

@@ -287,7 +287,7 @@ impl Sim {
 
     /// Hands lane `l`'s engine `event` on the lane's channel; false (the
     /// lane failed) when the engine refuses it.
-    #[inline]
+    #[inline(always)]
     fn feed(&mut self, l: u32, event: Event) -> bool {
         let now = self.events.now();
         let t = self.lanes[l as usize].t;
