@@ -75,7 +75,7 @@ impl Sim {
                             channel: t.channel,
                         });
                     }
-                    if !self.faults.nvlink_dead(t.rank, t.next, start) {
+                    if self.faults.nvlinks.delivers(t.rank, t.next, start) {
                         let xfer = match result {
                             Some(data) => self.xfers.insert(Xfer {
                                 rank: t.next,

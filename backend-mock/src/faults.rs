@@ -13,6 +13,7 @@
 use crate::config::ClusterConfig;
 use crate::error::Error;
 use crate::events::{ps, Ps};
+use crate::fabric::{Fabric, Hop};
 
 /// A component that fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,74 +178,169 @@ pub(crate) enum Fate {
     Arrives(Ps, Option<Ps>),
 }
 
-/// The faults in effect, in simulator units.
+/// The faults in effect, in simulator units: one wrapper per kind of
+/// component that can fail. The transports ask these, and nothing else,
+/// whether what they move gets through.
 #[derive(Clone, Debug)]
 pub(crate) struct FaultState {
-    pub rng: Rng,
-    pub loss: f64,
-    pub duplicate: f64,
-    pub reorder: f64,
-    pub reorder_delay: Ps,
-    pub jitter: Ps,
-    /// Per rank: when it dies.
-    pub rank_dies: Vec<Option<Ps>>,
-    /// (node, nic) → when it dies.
-    pub nic_dies: Vec<((u32, u16), Ps)>,
-    /// (from, to) → when it dies.
-    pub nvlink_dies: Vec<((u32, u32), Ps)>,
-    pub bad_rkey: Option<ConnId>,
-    pub bad_raddr: Option<ConnId>,
+    /// The NIC ports: their failures and what their packets suffer.
+    pub nics: NicFaults,
+    /// The NVLinks' failures.
+    pub nvlinks: NvlinkFaults,
+    /// The ranks' deaths.
+    pub ranks: RankFaults,
+    /// The connection whose sender uses a corrupted key or address.
+    keys: KeyFaults,
+}
+
+/// What happens on the NIC ports: a port that fails stops sending and
+/// receiving; every packet may be lost, duplicated, held back or delayed.
+#[derive(Clone, Debug)]
+pub(crate) struct NicFaults {
+    rng: Rng,
+    loss: f64,
+    duplicate: f64,
+    reorder: f64,
+    reorder_delay: Ps,
+    jitter: Ps,
+    /// Per port (the fabric's numbering): when it fails.
+    dies: Vec<Option<Ps>>,
+}
+
+/// The NVLinks that fail: (from, to) → when.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NvlinkFaults {
+    dies: Vec<((u32, u32), Ps)>,
+}
+
+/// Per rank: when it dies.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RankFaults {
+    dies: Vec<Option<Ps>>,
+}
+
+/// The connections whose sender was given a wrong key or address.
+#[derive(Clone, Copy, Debug, Default)]
+struct KeyFaults {
+    bad_rkey: Option<ConnId>,
+    bad_raddr: Option<ConnId>,
+}
+
+/// The earlier of a slot's failure time and `at`.
+fn earliest(slot: &mut Option<Ps>, at: Ps) {
+    *slot = Some(slot.map_or(at, |old| old.min(at)));
 }
 
 impl FaultState {
-    /// The faults `f` of a cluster of `ranks` ranks whose seed is
-    /// `cluster_seed` (used when `f.seed` is `None`).
-    pub fn new(f: &Faults, cluster_seed: u64, ranks: u32) -> FaultState {
-        let mut rank_dies = vec![None; ranks as usize];
-        let mut nic_dies = Vec::new();
-        let mut nvlink_dies = Vec::new();
+    /// The faults `f` on `fab` in a cluster whose seed is `cluster_seed`
+    /// (used when `f.seed` is `None`). A corrupted key or address must
+    /// name an RDMA hop.
+    pub fn new(f: &Faults, cluster_seed: u64, fab: &Fabric) -> Result<FaultState, Error> {
+        for c in f.bad_rkey.iter().chain(&f.bad_raddr) {
+            let l = fab.lane(c.channel, c.rank);
+            if !matches!(fab.lanes.get(l as usize).map(|t| t.hop), Some(Hop::Net { .. })) {
+                return Err(Error::BadConfig {
+                    what: format!(
+                        "channel {} of rank {} is not an RDMA hop: there is no key or address to corrupt",
+                        c.channel, c.rank
+                    ),
+                });
+            }
+        }
+        let mut ranks = vec![None; fab.ranks as usize];
+        let mut ports = vec![None; fab.ports.len()];
+        let mut nvlinks = Vec::new();
         for x in &f.failures {
             let at = ps(x.at);
             match x.what {
                 Component::Rank(r) => {
-                    if let Some(slot) = rank_dies.get_mut(r as usize) {
-                        let t: &mut Option<Ps> = slot;
-                        *t = Some(t.map_or(at, |old| old.min(at)));
+                    if let Some(slot) = ranks.get_mut(r as usize) {
+                        earliest(slot, at);
                     }
                 }
-                Component::Nic { node, nic } => nic_dies.push(((node, nic), at)),
-                Component::NvLink { from, to } => nvlink_dies.push(((from, to), at)),
+                Component::Nic { node, nic } => {
+                    let port = fab.ports.iter().position(|p| (p.node, p.nic) == (node, nic));
+                    if let Some(slot) = port.and_then(|p| ports.get_mut(p)) {
+                        earliest(slot, at);
+                    }
+                }
+                Component::NvLink { from, to } => nvlinks.push(((from, to), at)),
             }
         }
-        FaultState {
-            rng: Rng::new(f.seed.unwrap_or(cluster_seed) ^ 0xfa17_5eed_0000_0001),
-            loss: f.loss,
-            duplicate: f.duplicate,
-            reorder: f.reorder,
-            reorder_delay: ps(f.reorder_delay),
-            jitter: ps(f.jitter),
-            rank_dies,
-            nic_dies,
-            nvlink_dies,
-            bad_rkey: f.bad_rkey,
-            bad_raddr: f.bad_raddr,
-        }
+        Ok(FaultState {
+            nics: NicFaults {
+                rng: Rng::new(f.seed.unwrap_or(cluster_seed) ^ 0xfa17_5eed_0000_0001),
+                loss: f.loss,
+                duplicate: f.duplicate,
+                reorder: f.reorder,
+                reorder_delay: ps(f.reorder_delay),
+                jitter: ps(f.jitter),
+                dies: ports,
+            },
+            nvlinks: NvlinkFaults { dies: nvlinks },
+            ranks: RankFaults { dies: ranks },
+            keys: KeyFaults {
+                bad_rkey: f.bad_rkey,
+                bad_raddr: f.bad_raddr,
+            },
+        })
     }
 
-    pub fn rank_dead(&self, rank: u32, now: Ps) -> bool {
-        matches!(self.rank_dies.get(rank as usize), Some(Some(t)) if *t <= now)
+    /// Whether a timing-only message from port `from` to port `to` (rank
+    /// `dst`), leaving at `sent` and arriving at `arrive`, is lost to a
+    /// failure: of either port, or of the rank that should answer.
+    pub fn message_lost(&self, from: u32, to: u32, dst: u32, sent: Ps, arrive: Ps) -> bool {
+        !self.nics.up(from, sent) || !self.nics.up(to, arrive) || !self.ranks.alive(dst, arrive)
     }
 
-    pub fn nic_dead(&self, node: u32, nic: u16, now: Ps) -> bool {
-        self.nic_dies
+    /// The remote key and FIFO address connection `conn`'s sender
+    /// presents, given the true ones (`fifo_bytes` apart from the next
+    /// region).
+    pub fn remote(&self, conn: ConnId, rkey: u32, addr: u64, fifo_bytes: u64) -> (u32, u64) {
+        let rkey = if self.keys.bad_rkey == Some(conn) {
+            rkey ^ 0x0001_0000
+        } else {
+            rkey
+        };
+        let addr = if self.keys.bad_raddr == Some(conn) {
+            addr + fifo_bytes
+        } else {
+            addr
+        };
+        (rkey, addr)
+    }
+}
+
+impl RankFaults {
+    /// Whether `rank` still runs at `now`.
+    #[inline]
+    pub fn alive(&self, rank: u32, now: Ps) -> bool {
+        !matches!(self.dies.get(rank as usize), Some(Some(t)) if *t <= now)
+    }
+
+    /// (rank, time) of every death.
+    pub fn deaths(&self) -> impl Iterator<Item = (u32, Ps)> + '_ {
+        self.dies
             .iter()
-            .any(|&(k, t)| k == (node, nic) && t <= now)
+            .enumerate()
+            .filter_map(|(r, t)| t.map(|t| (r as u32, t)))
     }
+}
 
-    pub fn nvlink_dead(&self, from: u32, to: u32, now: Ps) -> bool {
-        self.nvlink_dies
-            .iter()
-            .any(|&(k, t)| k == (from, to) && t <= now)
+impl NvlinkFaults {
+    /// Whether a store over the NVLink from `from` to `to` that starts at
+    /// `at` gets through.
+    #[inline]
+    pub fn delivers(&self, from: u32, to: u32, at: Ps) -> bool {
+        !self.dies.iter().any(|&(k, t)| k == (from, to) && t <= at)
+    }
+}
+
+impl NicFaults {
+    /// Whether NIC port `port` works at `now`.
+    #[inline]
+    pub fn up(&self, port: u32, now: Ps) -> bool {
+        !matches!(self.dies.get(port as usize), Some(Some(t)) if *t <= now)
     }
 
     /// Extra delay of one NIC message or packet: jitter, and for packets
@@ -256,13 +352,14 @@ impl FaultState {
         (self.rng.unit() * self.jitter as f64) as Ps
     }
 
-    /// The fate of one packet that finishes leaving its port at `sent` and
-    /// would arrive `latency` later.
-    pub fn packet(&mut self, sent: Ps, latency: Ps) -> Fate {
-        if self.rng.chance(self.loss) {
+    /// The fate of one packet that starts leaving port `port` at `start`,
+    /// has left at `end` and would arrive `latency` later: lost when the
+    /// port has failed, else what the packet faults make of it.
+    pub fn transmit(&mut self, port: u32, start: Ps, end: Ps, latency: Ps) -> Fate {
+        if !self.up(port, start) || self.rng.chance(self.loss) {
             return Fate::Lost;
         }
-        let mut at = sent.saturating_add(latency).saturating_add(self.jitter());
+        let mut at = end.saturating_add(latency).saturating_add(self.jitter());
         if self.rng.chance(self.reorder) {
             at = at.saturating_add(self.reorder_delay);
         }
@@ -308,11 +405,26 @@ mod tests {
             ],
             ..Default::default()
         };
-        let s = FaultState::new(&f, 0, 4);
-        assert!(!s.rank_dead(1, ps(0.5e-3)));
-        assert!(s.rank_dead(1, ps(1e-3)));
-        assert!(!s.rank_dead(0, ps(1.0)));
-        assert!(s.nic_dead(0, 1, 0));
-        assert!(!s.nic_dead(0, 0, 0));
+        let cfg = ClusterConfig {
+            nodes: 2,
+            gpus_per_node: 2,
+            nics_per_node: 2,
+            ..Default::default()
+        };
+        let fab = Fabric::build(&cfg).unwrap();
+        let s = FaultState::new(&f, 0, &fab).unwrap();
+        assert!(s.ranks.alive(1, ps(0.5e-3)));
+        assert!(!s.ranks.alive(1, ps(1e-3)));
+        assert!(s.ranks.alive(0, ps(1.0)));
+        assert_eq!(s.ranks.deaths().collect::<Vec<_>>(), [(1, ps(1e-3))]);
+        let port = fab
+            .ports
+            .iter()
+            .position(|p| (p.node, p.nic) == (0, 1))
+            .unwrap() as u32;
+        assert!(!s.nics.up(port, 0));
+        assert!((0..fab.ports.len() as u32)
+            .filter(|&p| p != port)
+            .all(|p| s.nics.up(p, ps(1.0))));
     }
 }

@@ -65,7 +65,7 @@ impl Sim {
             });
         }
         let arrive = end.saturating_add(latency);
-        if self.flow_lost(tx, rx, t.next, start, arrive) {
+        if self.faults.message_lost(tx, rx, t.next, start, arrive) {
             self.events.at(
                 start.saturating_add(self.give_up),
                 Ev::FlowFail {
@@ -75,7 +75,7 @@ impl Sim {
             );
             return Ok(());
         }
-        let jitter = self.faults.jitter();
+        let jitter = self.faults.nics.jitter();
         let lane = &mut self.lanes[l as usize];
         let arrive = arrive.saturating_add(jitter).max(lane.last_arrival);
         lane.last_arrival = arrive;
@@ -114,7 +114,7 @@ impl Sim {
             .saturating_add(self.doorbell)
             .saturating_add(res.rate.time(wire));
         let arrive = sent.saturating_add(res.latency);
-        if self.flow_lost(rx, tx, t.prev, sent, arrive) {
+        if self.faults.message_lost(rx, tx, t.prev, sent, arrive) {
             self.events.at(
                 now.saturating_add(self.give_up),
                 Ev::FlowFail {
@@ -124,21 +124,12 @@ impl Sim {
             );
             return Ok(());
         }
-        let jitter = self.faults.jitter();
+        let jitter = self.faults.nics.jitter();
         let lane = &mut self.lanes[l as usize];
         let arrive = arrive.saturating_add(jitter).max(lane.last_credit);
         lane.last_credit = arrive;
         self.push_credit(pred, arrive, head);
         Ok(())
-    }
-
-    /// Whether a flow from port `from` to port `to` (rank `dst`) that
-    /// leaves at `sent` and arrives at `arrive` is lost to a failure.
-    fn flow_lost(&self, from: u32, to: u32, dst: u32, sent: Ps, arrive: Ps) -> bool {
-        let (a, b) = (self.fab.ports[from as usize], self.fab.ports[to as usize]);
-        self.faults.nic_dead(a.node, a.nic, sent)
-            || self.faults.nic_dead(b.node, b.nic, arrive)
-            || self.faults.rank_dead(dst, arrive)
     }
 
     /// A lost flow's requester gives up.

@@ -422,7 +422,7 @@ impl Sim {
             Hop::Nvlink { link } => {
                 // A flag store over NVLink: latency only.
                 let now = self.events.now();
-                if !self.faults.nvlink_dead(t.rank, t.prev, now) {
+                if self.faults.nvlinks.delivers(t.rank, t.prev, now) {
                     let at = now.saturating_add(self.fab.links[link as usize].latency);
                     self.push_credit(pred, at, head);
                 }

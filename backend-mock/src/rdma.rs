@@ -144,18 +144,16 @@ impl Sim {
             addr: Memory::va(t.rank, m.staging) + span.byte_offset(&g),
             lkey: Lkey(m.staging_key),
         };
-        let me = Some(ConnId {
+        let me = ConnId {
             channel: t.channel,
             rank: t.rank,
-        });
-        let mut rkey = sm.inbox_key;
-        if self.faults.bad_rkey == me {
-            rkey ^= 0x0001_0000;
-        }
-        let mut addr = Memory::va(t.next, sm.inbox);
-        if self.faults.bad_raddr == me {
-            addr += g.fifo_bytes();
-        }
+        };
+        let (rkey, addr) = self.faults.remote(
+            me,
+            sm.inbox_key,
+            Memory::va(t.next, sm.inbox),
+            g.fifo_bytes(),
+        );
         let fifo = RemoteFifo {
             addr,
             rkey: Rkey(rkey),

@@ -18,7 +18,7 @@ use crate::config::ClusterConfig;
 use crate::error::Error;
 use crate::events::{ps, secs, Ev, Events, Ps, Rate, Slab};
 use crate::exec::Xfer;
-use crate::fabric::{Fabric, Hop};
+use crate::fabric::Fabric;
 use crate::faults::FaultState;
 use crate::flow::give_up_after;
 use crate::generated::GeneratedData;
@@ -118,17 +118,6 @@ impl Sim {
         cfg.validate()?;
         let fab = Fabric::build(&cfg)?;
         let n = fab.ranks;
-        for c in cfg.faults.bad_rkey.iter().chain(&cfg.faults.bad_raddr) {
-            let l = fab.lane(c.channel, c.rank);
-            if !matches!(fab.lanes[l as usize].hop, Hop::Net { .. }) {
-                return Err(Error::BadConfig {
-                    what: format!(
-                        "channel {} of rank {} is not an RDMA hop: there is no key or address to corrupt",
-                        c.channel, c.rank
-                    ),
-                });
-            }
-        }
         let ports = fab
             .ports
             .iter()
@@ -146,7 +135,7 @@ impl Sim {
             rnr_delay: ps(cfg.rnic.rnr_delay),
             deadline: ps(cfg.deadline),
             control: ps(cfg.control.latency),
-            faults: FaultState::new(&cfg.faults, cfg.seed, n),
+            faults: FaultState::new(&cfg.faults, cfg.seed, &fab)?,
             trace: Trace::new(cfg.trace),
             capture: Capture::new(cfg.capture),
             mem: Memory::new(if cfg.payload { n } else { 0 }),
@@ -182,10 +171,9 @@ impl Sim {
         if sim.cfg.payload {
             sim.setup_payload()?;
         }
-        for (r, t) in sim.faults.rank_dies.clone().into_iter().enumerate() {
-            if let Some(t) = t {
-                sim.events.at(t, Ev::Death { rank: r as u32 });
-            }
+        let deaths: Vec<(u32, Ps)> = sim.faults.ranks.deaths().collect();
+        for (rank, t) in deaths {
+            sim.events.at(t, Ev::Death { rank });
         }
         sim.update_stats();
         Ok(sim)

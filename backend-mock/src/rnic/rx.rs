@@ -30,8 +30,7 @@ impl Sim {
             return;
         };
         let port = f.to_port;
-        let info = self.fab.ports[port as usize];
-        if self.faults.nic_dead(info.node, info.nic, now) {
+        if !self.faults.nics.up(port, now) {
             self.stats.dropped += 1;
             return;
         }
@@ -41,7 +40,7 @@ impl Sim {
         };
         let qp = self.nic.by_qpn(p.bth.dest_qpn.get()).filter(|&q| {
             let q = &self.nic.qps[q as usize];
-            q.port == port && !self.faults.rank_dead(q.rank, now)
+            q.port == port && self.faults.ranks.alive(q.rank, now)
         });
         let (Some(qp), true) = (qp, p.ip.dst == self.nic.ports[port as usize].ip) else {
             self.stats.dropped += 1;

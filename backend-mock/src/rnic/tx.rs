@@ -57,7 +57,7 @@ impl Sim {
     pub(crate) fn on_doorbell(&mut self, qp: u32, upto: u32) {
         let now = self.events.now();
         let q = &self.nic.qps[qp as usize];
-        if self.faults.rank_dead(q.rank, now) {
+        if !self.faults.ranks.alive(q.rank, now) {
             return;
         }
         // Up to `upto`, unless a failure already flushed further.
@@ -177,7 +177,7 @@ impl Sim {
         loop {
             let qp = self.nic.ports[port as usize].rr.pop_front()?;
             let q = &self.nic.qps[qp as usize];
-            let found = if q.has_packet(now) && !self.faults.rank_dead(q.rank, now) {
+            let found = if q.has_packet(now) && self.faults.ranks.alive(q.rank, now) {
                 q.msg_of(q.tx)
             } else {
                 None
@@ -286,12 +286,7 @@ impl Sim {
         if let Some(qp) = qp {
             self.arm_timer(qp);
         }
-        let src = self.fab.ports[port as usize];
-        let fate = if self.faults.nic_dead(src.node, src.nic, start) {
-            Fate::Lost
-        } else {
-            self.faults.packet(end, latency)
-        };
+        let fate = self.faults.nics.transmit(port, start, end, latency);
         match fate {
             Fate::Lost => self.stats.lost += 1,
             Fate::Arrives(at, dup) => {
