@@ -30,14 +30,14 @@ impl Sim {
     /// Lane `l` fails with `err`; a first failure of its rank stops the
     /// rank and aborts the others.
     pub(crate) fn fail_lane(&mut self, l: u32, err: Error) {
-        let lane = &mut self.lanes[l as usize];
+        let lane = &mut self.lanes[l];
         if lane.state != LaneState::Running {
             return;
         }
         lane.state = LaneState::Failed;
         self.run.finished += 1;
         let rank = self.fab.lanes[l as usize].rank;
-        self.engines[rank as usize].abort();
+        self.lanes.engines[rank as usize].abort();
         let primary = !matches!(err, Error::Aborted { .. });
         if primary {
             tracing::debug!(%err, "lane failed");
@@ -66,7 +66,7 @@ impl Sim {
                 if j != rank && self.ranks[j as usize].died.is_none() {
                     self.run.aborts_in_flight += 1;
                     self.events.after(
-                        self.control,
+                        self.time.control,
                         Ev::Abort {
                             rank: j,
                             origin: rank,
@@ -78,7 +78,7 @@ impl Sim {
     }
 
     pub(crate) fn fail_all(&mut self, err: impl Fn(u32) -> Error) {
-        for l in 0..self.lanes.len() as u32 {
+        for l in 0..self.lanes.len() {
             let rank = self.fab.lanes[l as usize].rank;
             self.fail_lane(l, err(rank));
         }
@@ -111,11 +111,11 @@ impl Sim {
             tracing::debug!(rank, "rank died");
             rs.died = Some(now);
         }
-        self.engines[rank as usize].abort();
+        self.lanes.engines[rank as usize].abort();
         for c in 0..self.fab.channels {
             let l = self.fab.lane(c, rank);
             if self.running(l) {
-                self.lanes[l as usize].state = LaneState::Dead;
+                self.lanes[l].state = LaneState::Dead;
                 self.run.finished += 1;
             }
         }
@@ -134,7 +134,7 @@ impl Sim {
             if !running {
                 continue;
             }
-            let engine = &mut self.engines[r as usize];
+            let engine = &mut self.lanes.engines[r as usize];
             match engine.handle_timeout(now) {
                 Ok(()) => {
                     if let Some(due) = engine.poll_timeout() {

@@ -36,7 +36,7 @@ impl Sim {
     #[inline(always)]
     pub(crate) fn start_exec(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
         let now = self.events.now();
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         let elem = self.run.elem[t.rank as usize];
         let bytes = e.count.saturating_mul(elem);
         let p = e.primitive;
@@ -51,14 +51,14 @@ impl Sim {
             + u64::from(p.contains(Primitive::COPY))
             + u64::from(net_send);
         let mut done = now
-            .saturating_add(self.gpu_overhead)
-            .saturating_add(self.gpu_rate.time(touched * bytes));
+            .saturating_add(self.time.gpu_overhead)
+            .saturating_add(self.time.gpu_rate.time(touched * bytes));
         if let Some(span) = e.send {
             match t.hop {
                 Hop::Nvlink { link } => {
                     let succ = self.fab.lane(t.channel, t.next);
                     if let Some(h) = e.header {
-                        self.cold[succ as usize].mailbox = Some((span.step, h));
+                        self.lanes.cold[succ as usize].mailbox = Some((span.step, h));
                     }
                     let res = &mut self.fab.links[link as usize];
                     let (start, end) = res.reserve(now, bytes);
@@ -79,7 +79,7 @@ impl Sim {
                         let xfer = match result {
                             Some(data) => self.xfers.insert(Xfer {
                                 rank: t.next,
-                                offset: self.cold[succ as usize].mem.inbox
+                                offset: self.lanes.cold[succ as usize].mem.inbox
                                     + span.byte_offset(&self.cfg.geometry) as usize,
                                 data,
                             }),
@@ -98,7 +98,7 @@ impl Sim {
                 }
                 Hop::Net { .. } => {
                     if let Some(data) = result {
-                        let off = self.cold[l as usize].mem.staging
+                        let off = self.lanes.cold[l as usize].mem.staging
                             + span.byte_offset(&self.cfg.geometry) as usize;
                         self.mem.write(t.rank, off, &data);
                     }
@@ -127,7 +127,7 @@ impl Sim {
     /// Payload mode: computes the slice's result, writes the output, and
     /// returns the bytes to send.
     fn compute(&mut self, l: u32, e: &Exec, bytes: usize) -> Result<Vec<u8>, Error> {
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         let rank = t.rank;
         let call = self.run.calls[rank as usize];
         let lay = self.run.layouts[rank as usize];
@@ -141,7 +141,7 @@ impl Sim {
         let incoming = match e.recv {
             Some(span) => {
                 let off =
-                    self.cold[l as usize].mem.inbox + span.byte_offset(&self.cfg.geometry) as usize;
+                    self.lanes.cold[l as usize].mem.inbox + span.byte_offset(&self.cfg.geometry) as usize;
                 let s = self.mem.read(rank, off, bytes);
                 if s.len() != bytes {
                     return Err(missing("read FIFO slot"));

@@ -36,7 +36,7 @@ impl Sim {
         let Some(span) = e.send else {
             return Ok(());
         };
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         let Hop::Net { tx, rx, .. } = t.hop else {
             return Ok(());
         };
@@ -48,7 +48,7 @@ impl Sim {
         if e.header.is_some() {
             wire += write_wire_bytes(CALL_HEADER_LEN as u64, mtu, false);
         }
-        let ready = now.saturating_add(self.doorbell);
+        let ready = now.saturating_add(self.time.doorbell);
         let link = self.fab.ports[tx as usize].link;
         let res = &mut self.fab.links[link as usize];
         let (start, end) = res.reserve(ready, wire);
@@ -67,7 +67,7 @@ impl Sim {
         let arrive = end.saturating_add(latency);
         if self.faults.message_lost(tx, rx, t.next, start, arrive) {
             self.events.at(
-                start.saturating_add(self.give_up),
+                start.saturating_add(self.time.give_up),
                 Ev::FlowFail {
                     lane: l,
                     credit: false,
@@ -76,12 +76,12 @@ impl Sim {
             return Ok(());
         }
         let jitter = self.faults.nics.jitter();
-        let lane = &mut self.lanes[l as usize];
+        let lane = &mut self.lanes[l];
         let arrive = arrive.saturating_add(jitter).max(lane.last_arrival);
         lane.last_arrival = arrive;
         let succ = self.fab.lane(t.channel, t.next);
         if let Some(h) = e.header {
-            self.cold[succ as usize].mailbox = Some((span.step, h));
+            self.lanes.cold[succ as usize].mailbox = Some((span.step, h));
         }
         self.events.at(
             arrive,
@@ -101,22 +101,22 @@ impl Sim {
         if self.cfg.payload {
             return self.post_credit(l, pred, head);
         }
-        let Hop::Net { tx, rx, .. } = self.lanes[pred as usize].t.hop else {
+        let Hop::Net { tx, rx, .. } = self.lanes[pred].t.hop else {
             return Ok(());
         };
         let now = self.events.now();
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         // The credit leaves from this lane's port (`rx` of the
         // predecessor's connection) towards the predecessor's (`tx`).
         let res = &self.fab.links[self.fab.ports[rx as usize].link as usize];
         let wire = write_wire_bytes(CREDIT_LEN as u64, self.cfg.mtu, true);
         let sent = now
-            .saturating_add(self.doorbell)
+            .saturating_add(self.time.doorbell)
             .saturating_add(res.rate.time(wire));
         let arrive = sent.saturating_add(res.latency);
         if self.faults.message_lost(rx, tx, t.prev, sent, arrive) {
             self.events.at(
-                now.saturating_add(self.give_up),
+                now.saturating_add(self.time.give_up),
                 Ev::FlowFail {
                     lane: l,
                     credit: true,
@@ -125,7 +125,7 @@ impl Sim {
             return Ok(());
         }
         let jitter = self.faults.nics.jitter();
-        let lane = &mut self.lanes[l as usize];
+        let lane = &mut self.lanes[l];
         let arrive = arrive.saturating_add(jitter).max(lane.last_credit);
         lane.last_credit = arrive;
         self.push_credit(pred, arrive, head);
@@ -137,7 +137,7 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         self.fail_lane(
             l,
             Error::Completion {

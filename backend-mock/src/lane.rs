@@ -5,15 +5,16 @@
 //! schedules the lane's wake-ups.
 
 use std::collections::VecDeque;
+use std::ops::{Index, IndexMut};
 
 use ringcc_core::prim::{Action, Blocked};
 use ringcc_core::progress::{Channel, Engine, EngineError, Event};
 use ringcc_core::protocol::post::widen_step;
-use ringcc_core::{CallDesc, ChannelId};
+use ringcc_core::{CallDesc, ChannelId, Rank};
 
 use crate::error::Error;
 use crate::events::{secs, Ev, Ps};
-use crate::fabric::{Hop, LaneTopo, RingRef};
+use crate::fabric::{Fabric, Hop, LaneTopo, RingRef};
 use crate::sim::Sim;
 
 /// Where a lane stands in the current run.
@@ -174,6 +175,99 @@ impl Lane {
     }
 }
 
+/// Every lane of the cluster, numbered `channel · ranks + rank` like the
+/// fabric's [`LaneTopo`]s, and each rank's engine (its channels'
+/// machines). Indexing with a lane number gives its [`Lane`].
+pub(crate) struct Lanes {
+    /// What every event touches, per lane (on huge pages).
+    pub hot: Vec<Lane>,
+    /// What events rarely touch, per lane.
+    pub cold: Vec<LaneCold>,
+    /// Each rank's core progress engine.
+    pub engines: Vec<RankEngine>,
+    /// Per lane, the addresses of its channel in its rank's engine and of
+    /// the engine (for prefetching only: neither storage moves).
+    addr: Vec<(usize, usize)>,
+}
+
+/// Cache lines of a channel's machine that events touch: its counters and
+/// current step, and its step iterator's hot line.
+const MACHINE_HOT_LINES: usize = 3;
+
+impl Lanes {
+    /// A lane per (channel, rank) of `fab`, in engines that give up on a
+    /// call after `timeout` without progress.
+    pub fn new(fab: &Fabric, timeout: Ps) -> Lanes {
+        let mut hot = crate::cachehint::huge_vec(fab.lanes.len());
+        hot.extend(fab.lanes.iter().map(|t| Lane::new(*t)));
+        let engines: Vec<RankEngine> = (0..fab.ranks)
+            .map(|r| {
+                let channels = vec![Channel::new(); fab.channels as usize];
+                RankEngine::new(Rank(r), channels.into_boxed_slice(), timeout)
+            })
+            .collect();
+        let addr = fab
+            .lanes
+            .iter()
+            .map(|t| {
+                let e = &engines[t.rank as usize];
+                let ch = std::ptr::from_ref(&e.channels()[t.channel as usize]) as usize;
+                (ch, std::ptr::from_ref(e) as usize)
+            })
+            .collect();
+        Lanes {
+            hot,
+            cold: (0..fab.lanes.len()).map(|_| LaneCold::default()).collect(),
+            engines,
+            addr,
+        }
+    }
+
+    /// The number of lanes.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.hot.len() as u32
+    }
+
+    /// Starts loading what an event of lane `l` touches: the lane, its
+    /// channel's machine and its engine's hot line.
+    #[inline(always)]
+    pub fn prefetch(&self, l: u32) {
+        if let Some(lane) = self.hot.get(l as usize) {
+            crate::cachehint::prefetch(lane, 2);
+        }
+        if let Some(&(ch, engine)) = self.addr.get(l as usize) {
+            crate::cachehint::prefetch_addr(ch, MACHINE_HOT_LINES);
+            crate::cachehint::prefetch_addr(engine, 1);
+        }
+    }
+
+    /// Starts loading lane `l` alone (a credit's arrival touches only the
+    /// lane).
+    #[inline(always)]
+    pub fn prefetch_lane(&self, l: u32) {
+        if let Some(lane) = self.hot.get(l as usize) {
+            crate::cachehint::prefetch(lane, 2);
+        }
+    }
+}
+
+impl Index<u32> for Lanes {
+    type Output = Lane;
+
+    #[inline(always)]
+    fn index(&self, l: u32) -> &Lane {
+        &self.hot[l as usize]
+    }
+}
+
+impl IndexMut<u32> for Lanes {
+    #[inline(always)]
+    fn index_mut(&mut self, l: u32) -> &mut Lane {
+        &mut self.hot[l as usize]
+    }
+}
+
 /// Moves spilled credits up into the lane's free entries, oldest first.
 #[cold]
 fn refill_credits(hot: &mut Credits, cold: &mut VecDeque<(Ps, u64)>) {
@@ -189,7 +283,7 @@ fn refill_credits(hot: &mut Credits, cold: &mut VecDeque<(Ps, u64)>) {
 impl Sim {
     #[inline]
     pub(crate) fn running(&self, l: u32) -> bool {
-        self.lanes[l as usize].state == LaneState::Running
+        self.lanes[l].state == LaneState::Running
     }
 
     /// Polls lane `l`'s rank engine until it waits, carrying out its
@@ -197,19 +291,20 @@ impl Sim {
     /// lane that had an event has any).
     pub(crate) fn drive(&mut self, l: u32) {
         let now = self.events.now();
-        let lane = &mut self.lanes[l as usize];
+        let lanes = &mut self.lanes;
+        let lane = &mut lanes.hot[l as usize];
         if lane.state != LaneState::Running {
             return;
         }
         let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
-        let engine = &mut self.engines[rank as usize];
+        let engine = &mut lanes.engines[rank as usize];
         while let Some((at, head)) = lane.credits.front() {
             if at > now {
                 break;
             }
             lane.credits.pop();
             if lane.credits.spilled {
-                refill_credits(&mut lane.credits, &mut self.cold[l as usize].credits);
+                refill_credits(&mut lane.credits, &mut lanes.cold[l as usize].credits);
             }
             let known = engine.machine(c).map_or(0, |m| m.send_head());
             let head = widen_step(head, known);
@@ -222,10 +317,10 @@ impl Sim {
             }
         }
         loop {
-            match self.engines[rank as usize].poll() {
+            match self.lanes.engines[rank as usize].poll() {
                 Ok(Some((ch, Action::Exec(e)))) => {
                     let at = self.fab.lane(u32::from(ch.0), rank);
-                    self.lanes[at as usize].credit_blocked = false;
+                    self.lanes[at].credit_blocked = false;
                     if let Err(err) = self.start_exec(at, &e) {
                         self.fail_lane(at, err);
                     }
@@ -246,8 +341,8 @@ impl Sim {
                     // Only a lane waiting for credit (FIFO room, or its
                     // sends consumed after its last step) needs a wake-up
                     // at the next credit's arrival.
-                    let blocked = self.engines[rank as usize].blocked_on(c);
-                    let lane = &mut self.lanes[l as usize];
+                    let blocked = self.lanes.engines[rank as usize].blocked_on(c);
+                    let lane = &mut self.lanes[l];
                     lane.credit_blocked = matches!(blocked, Blocked::Credit { .. });
                     if lane.credit_blocked && !lane.wake {
                         if let Some((at, _)) = lane.credits.front() {
@@ -268,9 +363,10 @@ impl Sim {
 
     /// A credit for lane `l` (a sender) that arrives at `at`.
     pub(crate) fn push_credit(&mut self, l: u32, at: Ps, head: u64) {
-        let lane = &mut self.lanes[l as usize];
+        let lanes = &mut self.lanes;
+        let lane = &mut lanes.hot[l as usize];
         if !lane.credits.push(at, head) {
-            self.cold[l as usize].credits.push_back((at, head));
+            lanes.cold[l as usize].credits.push_back((at, head));
         }
         if lane.credit_blocked && !lane.wake {
             lane.wake = true;
@@ -281,7 +377,7 @@ impl Sim {
 
     /// A credit wake-up.
     pub(crate) fn on_wake(&mut self, l: u32) {
-        self.lanes[l as usize].wake = false;
+        self.lanes[l].wake = false;
         self.drive(l);
     }
 
@@ -290,8 +386,8 @@ impl Sim {
     #[inline(always)]
     fn feed(&mut self, l: u32, event: Event) -> bool {
         let now = self.events.now();
-        let t = self.lanes[l as usize].t;
-        match self.engines[t.rank as usize].handle(now, ChannelId(t.channel as u8), event) {
+        let t = self.lanes[l].t;
+        match self.lanes.engines[t.rank as usize].handle(now, ChannelId(t.channel as u8), event) {
             Ok(()) => true,
             Err(e) => {
                 let err = self.engine_error(t.rank, e);
@@ -332,10 +428,10 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         // Only a slice sent over RDMA needs its exec after it is done.
         let exec = match t.hop {
-            Hop::Net { .. } => self.engines[t.rank as usize]
+            Hop::Net { .. } => self.lanes.engines[t.rank as usize]
                 .pending(ChannelId(t.channel as u8))
                 .filter(|e| e.send.is_some()),
             _ => None,
@@ -358,14 +454,14 @@ impl Sim {
             self.land(xfer);
         }
         let header = if hdr {
-            self.cold[l as usize].mailbox.take()
+            self.lanes.cold[l as usize].mailbox.take()
         } else {
             None
         };
         // Events carry the low 32 bits of the step counter; a connection's
         // tails arrive in order and never move by 2^32 at once.
-        let t = self.lanes[l as usize].t;
-        let known = self.engines[t.rank as usize]
+        let t = self.lanes[l].t;
+        let known = self.lanes.engines[t.rank as usize]
             .machine(ChannelId(t.channel as u8))
             .map_or(0, |m| m.recv_tail());
         self.deliver_tail(l, header, widen_step(tail, known));
@@ -386,8 +482,8 @@ impl Sim {
         }
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
-        let t = self.lanes[l as usize].t;
-        let engine = &self.engines[t.rank as usize];
+        let t = self.lanes[l].t;
+        let engine = &self.lanes.engines[t.rank as usize];
         if !engine
             .machine(ChannelId(t.channel as u8))
             .is_some_and(|m| m.is_busy())
@@ -401,8 +497,8 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let t = self.lanes[l as usize].t;
-        let engine = &self.engines[t.rank as usize];
+        let t = self.lanes[l].t;
+        let engine = &self.lanes.engines[t.rank as usize];
         // A counter read may show a value already handled.
         let known = engine
             .machine(ChannelId(t.channel as u8))
@@ -415,9 +511,9 @@ impl Sim {
     /// Returns credit `head` from lane `l` to its predecessor.
     pub(crate) fn return_credit(&mut self, l: u32, head: u64) -> Result<(), Error> {
         self.stats.credits += 1;
-        let t = self.lanes[l as usize].t;
+        let t = self.lanes[l].t;
         let pred = self.fab.lane(t.channel, t.prev);
-        match self.lanes[pred as usize].t.hop {
+        match self.lanes[pred].t.hop {
             Hop::Loopback => Ok(()),
             Hop::Nvlink { link } => {
                 // A flag store over NVLink: latency only.

@@ -63,10 +63,10 @@ impl Sim {
     pub(crate) fn setup_payload(&mut self) -> Result<(), Error> {
         let mut rng = Rng::new(self.cfg.seed ^ 0x6b65_7973);
         let fifo = self.cfg.geometry.fifo_bytes() as usize;
-        for l in 0..self.lanes.len() as u32 {
+        for l in 0..self.lanes.len() {
             let t = self.fab.lanes[l as usize];
             let pred = self.fab.lane(t.channel, t.prev);
-            let m = &mut self.cold[l as usize].mem;
+            let m = &mut self.lanes.cold[l as usize].mem;
             match self.fab.lanes[pred as usize].hop {
                 Hop::Loopback => {}
                 Hop::Nvlink { .. } => m.inbox = self.mem.alloc(t.rank, fifo),
@@ -94,7 +94,7 @@ impl Sim {
         let setup_err = |what| Error::BadConfig {
             what: format!("queue pair setup: {what:?}"),
         };
-        for l in 0..self.lanes.len() as u32 {
+        for l in 0..self.lanes.len() {
             let t = self.fab.lanes[l as usize];
             let Hop::Net { tx, rx, .. } = t.hop else {
                 continue;
@@ -123,7 +123,7 @@ impl Sim {
             }
             self.nic.qps.push(qpa);
             self.nic.qps.push(qpb);
-            let m = &mut self.cold[l as usize].mem;
+            let m = &mut self.lanes.cold[l as usize].mem;
             m.qp_tx = a;
             m.qp_rx = b;
         }
@@ -138,8 +138,8 @@ impl Sim {
         };
         let g = self.cfg.geometry;
         let succ = self.fab.lane(t.channel, t.next);
-        let m = self.cold[l as usize].mem;
-        let sm = self.cold[succ as usize].mem;
+        let m = self.lanes.cold[l as usize].mem;
+        let sm = self.lanes.cold[succ as usize].mem;
         let local = LocalBuf {
             addr: Memory::va(t.rank, m.staging) + span.byte_offset(&g),
             lkey: Lkey(m.staging_key),
@@ -190,7 +190,7 @@ impl Sim {
         let Hop::Net { .. } = self.fab.lanes[pred as usize].hop else {
             return Ok(());
         };
-        let pm = self.cold[pred as usize].mem;
+        let pm = self.lanes.cold[pred as usize].mem;
         let counter = RemoteCounter {
             addr: Memory::va(t.prev, pm.counter),
             rkey: Rkey(pm.counter_key),
@@ -251,7 +251,7 @@ impl Sim {
             return;
         }
         let _ = self.nic.qps[qp as usize].post_recv(wc.wr_id);
-        let m = self.cold[l as usize].mem;
+        let m = self.lanes.cold[l as usize].mem;
         match role {
             Role::Receiver => {
                 let Some(imm) = wc.imm.filter(|_| wc.is_ok()) else {
@@ -259,8 +259,8 @@ impl Sim {
                 };
                 let sps = self.cfg.geometry.slots_per_slice();
                 let mailbox = self.mem.read(t.rank, m.mailbox, CALL_HEADER_LEN);
-                let a = arrival(imm, self.cold[l as usize].recv_tail, sps, mailbox);
-                self.cold[l as usize].recv_tail = a.tail;
+                let a = arrival(imm, self.lanes.cold[l as usize].recv_tail, sps, mailbox);
+                self.lanes.cold[l as usize].recv_tail = a.tail;
                 self.deliver_tail(l, a.header, a.tail);
             }
             Role::Sender => {

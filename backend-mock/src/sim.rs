@@ -11,8 +11,7 @@
 //! time, and only a rank whose own result is complete, in a run where no
 //! rank failed, reports success.
 
-use ringcc_core::progress::Channel;
-use ringcc_core::{Plan, Rank};
+use ringcc_core::Plan;
 
 use crate::config::ClusterConfig;
 use crate::error::Error;
@@ -22,7 +21,7 @@ use crate::fabric::Fabric;
 use crate::faults::FaultState;
 use crate::flow::give_up_after;
 use crate::generated::GeneratedData;
-use crate::lane::{Lane, LaneCold, LaneState, RankEngine};
+use crate::lane::{LaneState, Lanes};
 use crate::memory::Memory;
 use crate::pcap::Capture;
 use crate::report::{BufLayout, Call, LinkStats, RankBuffers, RunReport, Stats};
@@ -68,14 +67,8 @@ pub(crate) struct Sim {
     pub cfg: ClusterConfig,
     pub fab: Fabric,
     pub events: Events,
-    pub lanes: Vec<Lane>,
-    /// Each rank's core progress engine (its channels' machines).
-    pub engines: Vec<RankEngine>,
-    /// Per lane, the addresses of its channel in its rank's engine and of
-    /// the engine (for prefetching only: neither storage moves).
-    pub channel_addr: Vec<(usize, usize)>,
-    /// What events rarely touch, per lane.
-    pub cold: Vec<LaneCold>,
+    /// Every lane, and each rank's core progress engine.
+    pub lanes: Lanes,
     pub ranks: Vec<RankState>,
     pub run: RunCtx,
     pub mem: Memory,
@@ -85,25 +78,50 @@ pub(crate) struct Sim {
     pub capture: Capture,
     pub stats: Stats,
     pub xfers: Slab<Xfer>,
-    pub gpu_overhead: Ps,
-    pub gpu_rate: Rate,
-    pub doorbell: Ps,
-    pub rto: Ps,
-    pub give_up: Ps,
-    pub rnr_delay: Ps,
-    pub deadline: Ps,
-    pub control: Ps,
+    pub time: Timing,
     pub aborted: Option<Error>,
+}
+
+/// The configuration's times and rates in simulator units.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    /// Fixed cost of one slice on a GPU.
+    pub gpu_overhead: Ps,
+    /// A GPU's device-memory bandwidth.
+    pub gpu_rate: Rate,
+    /// From a doorbell to the NIC fetching the work request.
+    pub doorbell: Ps,
+    /// The NIC's retransmission timeout.
+    pub rto: Ps,
+    /// When a requester gives up on a lost message (all retries spent).
+    pub give_up: Ps,
+    /// A receiver-not-ready back-off.
+    pub rnr_delay: Ps,
+    /// A rank's deadline: no progress for this long is a timeout.
+    pub deadline: Ps,
+    /// The control network's latency (aborts).
+    pub control: Ps,
+}
+
+impl Timing {
+    fn new(cfg: &ClusterConfig) -> Timing {
+        Timing {
+            gpu_overhead: ps(cfg.gpu.step_overhead),
+            gpu_rate: Rate::new(cfg.gpu.mem_bandwidth),
+            doorbell: ps(cfg.rnic.doorbell_latency),
+            rto: ps(cfg.rnic.rto()),
+            give_up: give_up_after(cfg),
+            rnr_delay: ps(cfg.rnic.rnr_delay),
+            deadline: ps(cfg.deadline),
+            control: ps(cfg.control.latency),
+        }
+    }
 }
 
 /// How far ahead [`Sim::prefetch_ahead`] looks: far enough for the misses
 /// to complete, near enough for the lines to stay (measured: 6 to 24 are
 /// alike on 1024 ranks).
 const PREFETCH_AHEAD: usize = 12;
-
-/// Cache lines of a channel's machine that events touch: its counters and
-/// current step, and its step iterator's hot line.
-const MACHINE_HOT_LINES: usize = 3;
 
 /// Initial calendar bucket width: each lane has an event every
 /// microsecond or so; aim at about ten distinct times per bucket (the
@@ -124,17 +142,9 @@ impl Sim {
             .map(|p| NicPort::new(p.node, p.nic))
             .collect();
         let lanes_len = fab.lanes.len();
-        let mut lanes = crate::cachehint::huge_vec(lanes_len);
-        lanes.extend(fab.lanes.iter().map(|t| Lane::new(*t)));
+        let lanes = Lanes::new(&fab, ps(cfg.deadline));
         let mut sim = Sim {
-            gpu_overhead: ps(cfg.gpu.step_overhead),
-            gpu_rate: Rate::new(cfg.gpu.mem_bandwidth),
-            doorbell: ps(cfg.rnic.doorbell_latency),
-            rto: ps(cfg.rnic.rto()),
-            give_up: give_up_after(&cfg),
-            rnr_delay: ps(cfg.rnic.rnr_delay),
-            deadline: ps(cfg.deadline),
-            control: ps(cfg.control.latency),
+            time: Timing::new(&cfg),
             faults: FaultState::new(&cfg.faults, cfg.seed, &fab)?,
             trace: Trace::new(cfg.trace),
             capture: Capture::new(cfg.capture),
@@ -145,29 +155,11 @@ impl Sim {
             stats: Stats::default(),
             xfers: Slab::new(),
             events: Events::new(bucket_shift(lanes_len)),
-            engines: (0..n)
-                .map(|r| {
-                    let channels = vec![Channel::new(); cfg.channels as usize];
-                    RankEngine::new(Rank(r), channels.into_boxed_slice(), ps(cfg.deadline))
-                })
-                .collect(),
-            channel_addr: Vec::new(),
             aborted: None,
-            cold: (0..lanes_len).map(|_| LaneCold::default()).collect(),
             lanes,
             fab,
             cfg,
         };
-        sim.channel_addr = sim
-            .fab
-            .lanes
-            .iter()
-            .map(|t| {
-                let e = &sim.engines[t.rank as usize];
-                let ch = std::ptr::from_ref(&e.channels()[t.channel as usize]) as usize;
-                (ch, std::ptr::from_ref(e) as usize)
-            })
-            .collect();
         if sim.cfg.payload {
             sim.setup_payload()?;
         }
@@ -319,7 +311,7 @@ impl Sim {
             rs.abort_sent = false;
         }
         let mut refused = Vec::new();
-        for (r, engine) in self.engines.iter_mut().enumerate() {
+        for (r, engine) in self.lanes.engines.iter_mut().enumerate() {
             let rings = &self.fab.rings;
             let started = engine.start(now, &calls[r], &plans[r], self.cfg.geometry, |c| {
                 rings[usize::from(c.0)].clone()
@@ -329,10 +321,10 @@ impl Sim {
             }
         }
         for l in 0..self.lanes.len() {
-            let t = self.fab.lanes[l];
+            let t = self.fab.lanes[l as usize];
             let dead = self.ranks[t.rank as usize].died.is_some();
-            self.cold[l].mailbox = None;
-            self.cold[l].credits.clear();
+            self.lanes.cold[l as usize].mailbox = None;
+            self.lanes.cold[l as usize].credits.clear();
             let lane = &mut self.lanes[l];
             lane.credits = Default::default();
             lane.wake = false;
@@ -349,15 +341,15 @@ impl Sim {
             self.fail_lane(self.fab.lane(0, r), err);
         }
         self.events.at(
-            now.saturating_add(self.deadline),
+            now.saturating_add(self.time.deadline),
             Ev::Watchdog {
                 epoch: self.run.epoch,
             },
         );
-        for l in 0..self.lanes.len() as u32 {
+        for l in 0..self.lanes.len() {
             self.drive(l);
         }
-        let total = self.lanes.len();
+        let total = self.lanes.len() as usize;
         loop {
             if self.run.finished >= total && self.run.aborts_in_flight == 0 {
                 break;
@@ -393,22 +385,13 @@ impl Sim {
         if let Some(Ev::ExecDone { lane } | Ev::Tail { lane, .. } | Ev::Wake { lane }) =
             self.events.peek_ahead(PREFETCH_AHEAD)
         {
-            if let Some(l) = self.lanes.get(lane as usize) {
-                crate::cachehint::prefetch(l, 2);
-            }
-            if let Some(&(ch, engine)) = self.channel_addr.get(lane as usize) {
-                crate::cachehint::prefetch_addr(ch, MACHINE_HOT_LINES);
-                crate::cachehint::prefetch_addr(engine, 1);
-            }
+            self.lanes.prefetch(lane);
         }
         // Half-way, the lane is in the cache: for a finished slice (which
         // returns a credit), the predecessor's lane.
         if let Some(Ev::ExecDone { lane }) = self.events.peek_ahead(PREFETCH_AHEAD / 2) {
-            if let Some(l) = self.lanes.get(lane as usize) {
-                let pred = self.fab.lane(l.t.channel, l.t.prev);
-                if let Some(p) = self.lanes.get(pred as usize) {
-                    crate::cachehint::prefetch(p, 2);
-                }
+            if let Some(l) = self.lanes.hot.get(lane as usize) {
+                self.lanes.prefetch_lane(self.fab.lane(l.t.channel, l.t.prev));
             }
         }
     }
@@ -463,7 +446,7 @@ impl Sim {
                 Ok(())
             });
         }
-        for lane in &mut self.lanes {
+        for lane in &mut self.lanes.hot {
             lane.state = LaneState::Idle;
         }
         if self.cfg.payload {
@@ -494,7 +477,7 @@ impl Sim {
     }
 
     pub(crate) fn lane_done(&mut self, l: u32) {
-        let lane = &mut self.lanes[l as usize];
+        let lane = &mut self.lanes[l];
         if lane.state == LaneState::Running {
             lane.state = LaneState::Done;
             self.run.finished += 1;

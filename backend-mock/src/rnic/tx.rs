@@ -35,7 +35,7 @@ impl Sim {
     /// flow model assumes).
     pub(crate) fn ring_doorbell(&mut self, qp: u32) {
         let upto = self.nic.qps[qp as usize].pi;
-        self.events.after(self.doorbell, Ev::Doorbell { qp, upto });
+        self.events.after(self.time.doorbell, Ev::Doorbell { qp, upto });
     }
 
     fn complete(&mut self, qp: u32, wr_id: u64, status: WcStatus, op: WrOpcode, len: u32) {
@@ -308,7 +308,7 @@ impl Sim {
     /// Starts `qp`'s retransmission timer if it is not running.
     fn arm_timer(&mut self, qp: u32) {
         let now = self.events.now();
-        let rto = self.rto;
+        let rto = self.time.rto;
         let q = &mut self.nic.qps[qp as usize];
         if q.timer.is_none() {
             q.timer = Some(now.saturating_add(rto));
@@ -353,9 +353,9 @@ impl Sim {
             return;
         }
         q.tx = q.una;
-        q.timer = Some(now.saturating_add(self.rto));
+        q.timer = Some(now.saturating_add(self.time.rto));
         q.timer_event = true;
-        self.events.after(self.rto, Ev::QpTimer { qp, rnr: false });
+        self.events.after(self.time.rto, Ev::QpTimer { qp, rnr: false });
         self.enqueue(qp);
     }
 
@@ -386,7 +386,7 @@ impl Sim {
             Syndrome::RnrNak { .. } => {
                 self.acked(qp, psn.sub(1));
                 let now = self.events.now();
-                let delay = self.rnr_delay;
+                let delay = self.time.rnr_delay;
                 let q = &mut self.nic.qps[qp as usize];
                 if q.in_window(psn) {
                     q.tx = psn;
@@ -401,7 +401,7 @@ impl Sim {
     /// Everything up to and including `a` is acknowledged.
     fn acked(&mut self, qp: u32, a: Psn) {
         let now = self.events.now();
-        let rto = self.rto;
+        let rto = self.time.rto;
         let q = &mut self.nic.qps[qp as usize];
         let old = q.una;
         let d = old.distance_to(a);
