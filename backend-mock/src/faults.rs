@@ -1,4 +1,9 @@
-//! Seeded, reproducible faults, applied as a wrapper around the links.
+//! Seeded, reproducible faults, each a wrapper around the component that
+//! fails: [`NicFaults`] (a NIC port, and what its packets suffer),
+//! [`NvlinkFaults`], [`RankFaults`], and one connection's corrupted key or
+//! address. Every fault rule is here; the transports ask a wrapper one
+//! question where the component acts (a port transmits or receives, a
+//! store crosses an NVLink, a rank's queue pair answers).
 //!
 //! Packet faults (loss, duplication, reordering) act on the NIC links and
 //! need the packet-level model (payload mode); delay jitter applies to NIC
