@@ -140,8 +140,8 @@ impl Sim {
         };
         let incoming = match e.recv {
             Some(span) => {
-                let off =
-                    self.lanes.cold[l as usize].mem.inbox + span.byte_offset(&self.cfg.geometry) as usize;
+                let off = self.lanes.cold[l as usize].mem.inbox
+                    + span.byte_offset(&self.cfg.geometry) as usize;
                 let s = self.mem.read(rank, off, bytes);
                 if s.len() != bytes {
                     return Err(missing("read FIFO slot"));

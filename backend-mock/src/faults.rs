@@ -243,7 +243,10 @@ impl FaultState {
     pub fn new(f: &Faults, cluster_seed: u64, fab: &Fabric) -> Result<FaultState, Error> {
         for c in f.bad_rkey.iter().chain(&f.bad_raddr) {
             let l = fab.lane(c.channel, c.rank);
-            if !matches!(fab.lanes.get(l as usize).map(|t| t.hop), Some(Hop::Net { .. })) {
+            if !matches!(
+                fab.lanes.get(l as usize).map(|t| t.hop),
+                Some(Hop::Net { .. })
+            ) {
                 return Err(Error::BadConfig {
                     what: format!(
                         "channel {} of rank {} is not an RDMA hop: there is no key or address to corrupt",
@@ -264,7 +267,10 @@ impl FaultState {
                     }
                 }
                 Component::Nic { node, nic } => {
-                    let port = fab.ports.iter().position(|p| (p.node, p.nic) == (node, nic));
+                    let port = fab
+                        .ports
+                        .iter()
+                        .position(|p| (p.node, p.nic) == (node, nic));
                     if let Some(slot) = port.and_then(|p| ports.get_mut(p)) {
                         earliest(slot, at);
                     }

@@ -391,7 +391,8 @@ impl Sim {
         // returns a credit), the predecessor's lane.
         if let Some(Ev::ExecDone { lane }) = self.events.peek_ahead(PREFETCH_AHEAD / 2) {
             if let Some(l) = self.lanes.hot.get(lane as usize) {
-                self.lanes.prefetch_lane(self.fab.lane(l.t.channel, l.t.prev));
+                self.lanes
+                    .prefetch_lane(self.fab.lane(l.t.channel, l.t.prev));
             }
         }
     }

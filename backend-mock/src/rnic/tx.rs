@@ -35,7 +35,8 @@ impl Sim {
     /// flow model assumes).
     pub(crate) fn ring_doorbell(&mut self, qp: u32) {
         let upto = self.nic.qps[qp as usize].pi;
-        self.events.after(self.time.doorbell, Ev::Doorbell { qp, upto });
+        self.events
+            .after(self.time.doorbell, Ev::Doorbell { qp, upto });
     }
 
     fn complete(&mut self, qp: u32, wr_id: u64, status: WcStatus, op: WrOpcode, len: u32) {
@@ -355,7 +356,8 @@ impl Sim {
         q.tx = q.una;
         q.timer = Some(now.saturating_add(self.time.rto));
         q.timer_event = true;
-        self.events.after(self.time.rto, Ev::QpTimer { qp, rnr: false });
+        self.events
+            .after(self.time.rto, Ev::QpTimer { qp, rnr: false });
         self.enqueue(qp);
     }
 
