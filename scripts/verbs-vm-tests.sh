@@ -15,7 +15,9 @@
 #
 # Environment: CARGO_TARGET_DIR (default target/), RXE_VM_TIMEOUT (s, 1200),
 # VERBS_BENCH_BYTES (16777216), VERBS_BENCH_ITERS (ringcc, 5),
-# IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3); RINGCC_SLOT_BYTES,
+# IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3), VERBS_BENCH_BASE (a
+# `verbs_rank` built from another commit: each round also runs it, and the
+# report gives this build's AllReduce as a ratio to it); RINGCC_SLOT_BYTES,
 # RINGCC_SLOTS_PER_SLICE, RINGCC_CHUNK_BYTES, RINGCC_SPIN_US and RUST_LOG
 # pass through to the ranks.
 # Needs root for apt-get when packages are missing (cmake and libclang-dev for the build;
@@ -78,13 +80,18 @@ BYTES=${VERBS_BENCH_BYTES:-16777216}
 ITERS=${VERBS_BENCH_ITERS:-5}
 IBW_ITERS=${IBW_ITERS:-10}
 ROUNDS=${VERBS_BENCH_ROUNDS:-3}
+BASE_BIN=${VERBS_BENCH_BASE:-}
+if [ -n "$BASE_BIN" ]; then
+  case "$BASE_BIN" in /*) ;; *) BASE_BIN=$ROOT/$BASE_BIN;; esac
+  [ -x "$BASE_BIN" ] || { echo "verbs-vm-tests: VERBS_BENCH_BASE=$BASE_BIN is not an executable" >&2; exit 2; }
+fi
 
 # What runs inside the VM.
 {
   echo 'set -u'
   printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q; PERF_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN" "$PERF_BIN"
-  printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q\n' \
-    "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH"
+  printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q; BASE_BIN=%q\n' \
+    "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH" "$BASE_BIN"
   printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
   # FIFO geometry overrides and the log filter (RUST_LOG) for experiments
   # reach the ranks in the VM.
@@ -120,15 +127,15 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "$name: ${v:-failed} MB/s"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
-  ringcc() { # ringcc NAME CHANNELS: one 2-rank AllReduce run; busbw appended to NAME.MBps.txt
+  ringcc() { # ringcc NAME CHANNELS [BIN]: one 2-rank AllReduce run; busbw appended to NAME.MBps.txt
     # A port below the ephemeral range, so that no live connection holds it.
-    local name=$1 port=$(( 20000 + RANDOM % 10000 )) v r
+    local name=$1 port=$(( 20000 + RANDOM % 10000 )) bin=${3:-$RANK_BIN} v r
     rm -f "$OUT/$name.json"
     # The debug log's per-call line splits each call's time (see below).
     for r in 0 1; do
       RUST_LOG=${RUST_LOG:-ringcc_verbs=debug} \
       RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
-        RINGCC_NCHANNELS=$2 timeout 600 "$RANK_BIN" bench --bytes "$BYTES" --iters "$ITERS" \
+        RINGCC_NCHANNELS=$2 timeout 600 "$bin" bench --bytes "$BYTES" --iters "$ITERS" \
         --warmup 1 --out "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
     wait
@@ -165,6 +172,11 @@ if [ "$RUN_BENCH" = 1 ]; then
     ibw ibw-uni-1m -s 1048576
     ringcc ringcc-c1 1
     ringcc ringcc-c2 2
+    # The same runs with another commit's build, in the same round.
+    if [ -n "$BASE_BIN" ]; then
+      ringcc base-c1 1 "$BASE_BIN"
+      ringcc base-c2 2 "$BASE_BIN"
+    fi
     [ -n "$PERF_BIN" ] && perf perf-c2 2
     # One direction only (root 0 to rank 1): the transport's share of
     # ib_write_bw without the reduction or the reverse direction.
@@ -202,7 +214,7 @@ ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a faile
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
-  for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do touch "$O/$f.MBps.txt"; done
+  for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big base-c1 base-c2; do touch "$O/$f.MBps.txt"; done
   uni=$(median < "$O/ibw-uni.MBps.txt")
   bi=$(median < "$O/ibw-bi.MBps.txt")
   c1=$(median < "$O/ringcc-c1.MBps.txt")
@@ -223,6 +235,8 @@ if [ "$RUN_BENCH" = 1 ]; then
   # per rank) against -b's rate per direction (half its sum).
   b1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   b2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
+  a1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/base-c1.MBps.txt" | median)
+  a2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/base-c2.MBps.txt" | median)
   s1=$(time_split "$O/ringcc-c1.calls.txt")
   s2=$(time_split "$O/ringcc-c2.calls.txt")
   {
@@ -262,6 +276,11 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ratio_perf_2ch_vs_ib_write_bw_1MiB_messages=${rp1m:-?}"
     echo "ringcc_perf_allreduce_busbw_2ch_fifo16m_MBps=${pg:-?}"
     echo "ratio_perf_2ch_fifo16m_vs_ib_write_bw=${rg:-?}"
+    if [ -n "$BASE_BIN" ]; then
+      echo "# base: $BASE_BIN; base-c1 runs: $(tr '\n' ' ' < "$O/base-c1.MBps.txt"); base-c2 runs: $(tr '\n' ' ' < "$O/base-c2.MBps.txt")"
+      echo "ratio_1ch_vs_base=${a1:-?}"
+      echo "ratio_2ch_vs_base=${a2:-?}"
+    fi
   } > "$TARGET/verbs-bench.txt"
   cat "$TARGET/verbs-bench.txt"
   if [ -z "$r1" ] && [ -z "$r2" ]; then

@@ -63,6 +63,9 @@ impl Exit {
 struct Job {
     children: Vec<Option<Child>>,
     lines: mpsc::Receiver<(u32, bool, String)>,
+    tx: mpsc::Sender<(u32, bool, String)>,
+    /// How to start each rank: the binary, its arguments, its variables.
+    cmds: Vec<Command>,
     out: Vec<(String, String)>,
     addr: String,
     t0: Instant,
@@ -81,59 +84,83 @@ impl Job {
         args: &[&str],
         env: impl Fn(u32) -> Vec<(String, String)>,
     ) -> Job {
+        let mut job = Job::prepare(bin, n, args, env);
+        for r in 0..n {
+            job.spawn(r);
+        }
+        job
+    }
+
+    /// A job of `n` ranks of `bin args…` none of which runs yet
+    /// ([`Job::spawn`] starts each).
+    fn prepare(
+        bin: &std::path::Path,
+        n: u32,
+        args: &[&str],
+        env: impl Fn(u32) -> Vec<(String, String)>,
+    ) -> Job {
         let port = free_port();
         let token = format!("vm-test-{port}");
         let (tx, rx) = mpsc::channel();
-        let mut children = Vec::new();
-        for r in 0..n {
-            let mut cmd = Command::new(bin);
-            cmd.args(args)
-                .env("RINGCC_RANK", r.to_string())
-                .env("RINGCC_WORLD_SIZE", n.to_string())
-                .env("RINGCC_ADDR", format!("127.0.0.1:{port}"))
-                .env("RINGCC_TOKEN", &token)
-                .env("RINGCC_CONNECT_TIMEOUT", "60")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            for (k, v) in env(r) {
-                cmd.env(k, v);
-            }
-            let mut child = cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {bin:?}: {e}"));
-            for (is_err, pipe) in [
-                (
-                    false,
-                    child
-                        .stdout
-                        .take()
-                        .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
-                ),
-                (
-                    true,
-                    child
-                        .stderr
-                        .take()
-                        .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
-                ),
-            ] {
-                let tx = tx.clone();
-                let pipe = pipe.expect("pipe");
-                thread::spawn(move || {
-                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                        let _ = tx.send((r, is_err, line));
-                    }
-                });
-            }
-            children.push(Some(child));
-        }
+        let cmds = (0..n)
+            .map(|r| {
+                let mut cmd = Command::new(bin);
+                cmd.args(args)
+                    .env("RINGCC_RANK", r.to_string())
+                    .env("RINGCC_WORLD_SIZE", n.to_string())
+                    .env("RINGCC_ADDR", format!("127.0.0.1:{port}"))
+                    .env("RINGCC_TOKEN", &token)
+                    .env("RINGCC_CONNECT_TIMEOUT", "60")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                for (k, v) in env(r) {
+                    cmd.env(k, v);
+                }
+                cmd
+            })
+            .collect();
         Job {
-            children,
+            children: (0..n).map(|_| None).collect(),
             lines: rx,
+            tx,
+            cmds,
             out: vec![(String::new(), String::new()); n as usize],
             addr: format!("127.0.0.1:{port}"),
             t0: Instant::now(),
         }
+    }
+
+    /// Starts rank `r`, its output lines collected.
+    fn spawn(&mut self, r: u32) {
+        let cmd = &mut self.cmds[r as usize];
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
+        for (is_err, pipe) in [
+            (
+                false,
+                child
+                    .stdout
+                    .take()
+                    .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            ),
+            (
+                true,
+                child
+                    .stderr
+                    .take()
+                    .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            ),
+        ] {
+            let tx = self.tx.clone();
+            let pipe = pipe.expect("pipe");
+            thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send((r, is_err, line));
+                }
+            });
+        }
+        self.children[r as usize] = Some(child);
     }
 
     /// Files one line of output, waiting up to `wait`; whether one came.
@@ -460,10 +487,15 @@ fn fault_killing_rank_0_and_its_store_fails_the_others() {
     killed(0);
 }
 
-/// Knocks on `job`'s store with the wrong token, as rank 1, once rank 0
-/// serves; the stranger must be told why it is turned away.
+/// Knocks on `job`'s store with the wrong token, as rank 1, while only
+/// rank 0 runs (its store waits for rank 1, so it serves until the real
+/// rank 1 is started after the knock: no race with a fast job); the
+/// stranger must be told why it is turned away.
 fn knock_as_stranger(job: &Job) {
-    thread::sleep(Duration::from_millis(500));
+    assert!(
+        job.children.iter().skip(1).all(Option::is_none),
+        "the stranger knocks before rank 1 starts"
+    );
     let addr = job.addr.clone();
     let stranger = Command::new(rank_bin())
         .arg("stranger")
@@ -482,8 +514,12 @@ fn knock_as_stranger(job: &Job) {
 #[test]
 #[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
 fn fault_a_stranger_with_the_wrong_token_is_rejected_and_the_job_runs() {
-    let mut job = Job::start(2, &["suite", "--sizes", "1,1000"], |_| vars(&SMALL));
+    let mut job = Job::prepare(&rank_bin(), 2, &["suite", "--sizes", "1,1000"], |_| {
+        vars(&SMALL)
+    });
+    job.spawn(0);
     knock_as_stranger(&job);
+    job.spawn(1);
     let exits = job.finish(Duration::from_secs(300));
     assert_all_ok(&exits);
     assert!(
@@ -515,14 +551,16 @@ fn cli_perf(register: &str, stranger: bool) -> Vec<Exit> {
         "-R",
         register,
     ];
-    let mut job = Job::start_bin(&cli_bin(), 2, &args, |_| {
+    let mut job = Job::prepare(&cli_bin(), 2, &args, |_| {
         let mut v = vars(&SMALL);
         v.push(("RINGCC_NCHANNELS".into(), "2".into()));
         v
     });
+    job.spawn(0);
     if stranger {
         knock_as_stranger(&job);
     }
+    job.spawn(1);
     let exits = job.finish(Duration::from_secs(300));
     for e in &exits {
         assert_eq!(
