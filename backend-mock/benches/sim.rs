@@ -51,7 +51,7 @@ fn case(name: &str, cfg: ClusterConfig, call: Call) {
     let build = t0.elapsed().as_secs_f64();
     let mut bufs: Vec<RankBuffers> = if payload {
         (0..n)
-            .map(|r| RankBuffers::zeroed(&call, n, r, false))
+            .map(|r| RankBuffers::zeroed(&call, n, Rank(r), false))
             .collect()
     } else {
         Vec::new()

@@ -8,7 +8,7 @@
 use std::fs::File;
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::{Collective, DataType, ReduceOp};
+use ringcc_core::{Collective, DataType, Rank, ReduceOp};
 use ringcc_mock::{Call, Cluster, ClusterConfig, Faults, RankBuffers, RnicModel};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ReduceOp::Sum,
     );
     let mut bufs: Vec<RankBuffers> = (0..n)
-        .map(|r| RankBuffers::zeroed(&call, n, r, false))
+        .map(|r| RankBuffers::zeroed(&call, n, Rank(r), false))
         .collect();
     let r = c.run(&vec![call; n as usize], &mut bufs, false)?;
     println!(

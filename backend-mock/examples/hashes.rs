@@ -16,7 +16,7 @@ fn show(name: &str, cfg: ClusterConfig, calls: &[Call], runs: usize) {
         let calls: Vec<Call> = (0..n as usize).map(|r| calls[r % calls.len()]).collect();
         let mut bufs: Vec<RankBuffers> = if payload {
             (0..n)
-                .map(|r| RankBuffers::zeroed(&calls[r as usize], n, r, false))
+                .map(|r| RankBuffers::zeroed(&calls[r as usize], n, Rank(r), false))
                 .collect()
         } else {
             Vec::new()
@@ -87,7 +87,7 @@ fn main() {
     let mut dead = payload(2, 2);
     dead.deadline = 0.01;
     dead.faults.failures = vec![Failure {
-        what: Component::Rank(3),
+        what: Component::Rank(Rank(3)),
         at: 1e-5,
     }];
     show("payload-dead-rank", dead, &[ar(1 << 17)], 1);
@@ -99,7 +99,7 @@ fn main() {
     );
     let mut t = timing(2, 4, 2, 2);
     t.faults.failures = vec![Failure {
-        what: Component::Rank(5),
+        what: Component::Rank(Rank(5)),
         at: 1e-5,
     }];
     t.deadline = 0.01;

@@ -3,6 +3,8 @@
 //! it fails; a rank dies; the watchdog enforces every rank engine's
 //! deadline.
 
+use ringcc_core::Rank;
+
 use crate::error::Error;
 use crate::events::{secs, Ev, Ps};
 use crate::lane::LaneState;
@@ -13,7 +15,7 @@ impl Sim {
         let cause = match &self.ranks[origin as usize] {
             RankState { error: Some(e), .. } => e.clone(),
             RankState { died: Some(t), .. } => Error::RankDied {
-                rank: origin,
+                rank: Rank(origin),
                 at: secs(*t),
             },
             _ => Error::BadConfig {
@@ -21,8 +23,8 @@ impl Sim {
             },
         };
         Error::Aborted {
-            rank,
-            origin,
+            rank: Rank(rank),
+            origin: Rank(origin),
             cause: Box::new(cause),
         }
     }
@@ -56,8 +58,8 @@ impl Sim {
                 self.fail_lane(
                     other,
                     Error::Aborted {
-                        rank,
-                        origin: rank,
+                        rank: Rank(rank),
+                        origin: Rank(rank),
                         cause: cause.clone(),
                     },
                 );
@@ -77,9 +79,9 @@ impl Sim {
         }
     }
 
-    pub(crate) fn fail_all(&mut self, err: impl Fn(u32) -> Error) {
+    pub(crate) fn fail_all(&mut self, err: impl Fn(Rank) -> Error) {
         for l in 0..self.lanes.len() {
-            let rank = self.fab.lanes[l as usize].rank;
+            let rank = self.fab.lanes[l as usize].rank_id();
             self.fail_lane(l, err(rank));
         }
         self.run.aborts_in_flight = 0;

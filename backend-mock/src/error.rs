@@ -3,6 +3,7 @@
 use std::fmt;
 
 use ringcc_core::wire::WcStatus;
+use ringcc_core::{ChannelId, Rank};
 
 /// Everything that can go wrong in a simulated cluster: a bad
 /// configuration or call (returned by [`Cluster::new`](crate::Cluster::new)
@@ -32,7 +33,7 @@ pub enum Error {
     /// chunk not a multiple of the element size, size overflow).
     InvalidCall {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The core's error.
         source: ringcc_core::Error,
     },
@@ -46,7 +47,7 @@ pub enum Error {
     /// `Cluster::run` in payload mode: a rank's buffer has the wrong size.
     BadBuffer {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// `input` or `output`.
         which: &'static str,
         /// Bytes the call needs.
@@ -59,9 +60,9 @@ pub enum Error {
     /// root), or a flow-control protocol violation.
     Core {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The channel.
-        channel: u32,
+        channel: ChannelId,
         /// The machine call that failed.
         call: &'static str,
         /// The core's error.
@@ -70,7 +71,7 @@ pub enum Error {
     /// A reduction kernel (`reduce`, `finalize`) refused its buffers.
     Reduce {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The kernel.
         call: &'static str,
         /// The core's error.
@@ -80,9 +81,9 @@ pub enum Error {
     /// `credit_write`, `WqeRepr::from_request`) failed.
     Wire {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The channel.
-        channel: u32,
+        channel: ChannelId,
         /// The call that failed.
         call: &'static str,
         /// The wire error.
@@ -92,9 +93,9 @@ pub enum Error {
     /// send, send queue full).
     Post {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The channel.
-        channel: u32,
+        channel: ChannelId,
         /// Why.
         what: &'static str,
     },
@@ -103,9 +104,9 @@ pub enum Error {
     /// is gone, `WR_FLUSH_ERR` after an earlier failure).
     Completion {
         /// The rank whose queue pair reported it.
-        rank: u32,
+        rank: Rank,
         /// The channel.
-        channel: u32,
+        channel: ChannelId,
         /// What the request was (`data write`, `credit return`).
         request: &'static str,
         /// The completion status.
@@ -116,9 +117,9 @@ pub enum Error {
     /// A channel of a rank made no progress for the deadline.
     Timeout {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// The channel.
-        channel: u32,
+        channel: ChannelId,
         /// Virtual seconds it waited.
         waited: f64,
         /// What it waited for.
@@ -127,7 +128,7 @@ pub enum Error {
     /// The rank was killed by a fault.
     RankDied {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// When it died (virtual seconds).
         at: f64,
     },
@@ -136,9 +137,9 @@ pub enum Error {
     /// not confirmed before the abort arrived).
     Aborted {
         /// This rank.
-        rank: u32,
+        rank: Rank,
         /// The rank that failed first and broadcast the abort.
-        origin: u32,
+        origin: Rank,
         /// Why `origin` failed.
         cause: Box<Error>,
     },
@@ -152,7 +153,7 @@ pub enum Error {
     /// livelock).
     EventLimit {
         /// The rank.
-        rank: u32,
+        rank: Rank,
         /// Events processed.
         events: u64,
     },
@@ -182,7 +183,7 @@ impl Error {
     }
 
     /// The rank this error happened on, where it names one.
-    pub fn rank(&self) -> Option<u32> {
+    pub fn rank(&self) -> Option<Rank> {
         match self {
             Error::InvalidCall { rank, .. }
             | Error::BadBuffer { rank, .. }
@@ -328,47 +329,60 @@ mod tests {
     #[test]
     fn the_core_error_is_found_through_aborts() {
         let core = Error::Core {
-            rank: 3,
-            channel: 1,
+            rank: Rank(3),
+            channel: ChannelId(1),
             call: "handle_header",
             source: ringcc_core::Error::NoExecPending,
         };
         assert_eq!(core.core_error(), Some(ringcc_core::Error::NoExecPending));
         let aborted = Error::Aborted {
-            rank: 0,
-            origin: 3,
+            rank: Rank(0),
+            origin: Rank(3),
             cause: Box::new(core),
         };
         assert_eq!(
             aborted.core_error(),
             Some(ringcc_core::Error::NoExecPending)
         );
-        assert_eq!(Error::RankDied { rank: 1, at: 0.0 }.core_error(), None);
+        assert_eq!(
+            Error::RankDied {
+                rank: Rank(1),
+                at: 0.0
+            }
+            .core_error(),
+            None
+        );
     }
 
     #[test]
     fn an_abort_names_the_failed_rank_once() {
         let died = Error::Aborted {
-            rank: 0,
-            origin: 7,
-            cause: Box::new(Error::RankDied { rank: 7, at: 1e-3 }),
+            rank: Rank(0),
+            origin: Rank(7),
+            cause: Box::new(Error::RankDied {
+                rank: Rank(7),
+                at: 1e-3,
+            }),
         };
         assert_eq!(
             died.to_string(),
             "rank 0: aborted after rank 7 died at 0.001000 s"
         );
         let livelock = Error::Aborted {
-            rank: 0,
-            origin: 7,
-            cause: Box::new(Error::EventLimit { rank: 7, events: 9 }),
+            rank: Rank(0),
+            origin: Rank(7),
+            cause: Box::new(Error::EventLimit {
+                rank: Rank(7),
+                events: 9,
+            }),
         };
         assert!(
             !livelock.to_string().contains("rank 7: rank 7"),
             "{livelock}"
         );
         let unnamed = Error::Aborted {
-            rank: 0,
-            origin: 7,
+            rank: Rank(0),
+            origin: Rank(7),
             cause: Box::new(Error::BadConfig { what: "x".into() }),
         };
         assert_eq!(

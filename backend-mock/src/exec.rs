@@ -134,7 +134,7 @@ impl Sim {
         let elem = call.elem();
         let p = e.primitive;
         let missing = |what: &'static str| Error::Reduce {
-            rank,
+            rank: t.rank_id(),
             call: what,
             source: ringcc_core::Error::BadLength { dst: bytes, src: 0 },
         };
@@ -162,7 +162,7 @@ impl Sim {
                 RunData::Generated(g) => {
                     g.input(rank, e.input_offset, bytes)
                         .map_err(|source| Error::Reduce {
-                            rank,
+                            rank: t.rank_id(),
                             call: "generate input",
                             source,
                         })?
@@ -186,7 +186,7 @@ impl Sim {
             &mut result,
         )
         .map_err(|source| Error::Reduce {
-            rank,
+            rank: t.rank_id(),
             call: "slice_result",
             source,
         })?;
@@ -201,7 +201,7 @@ impl Sim {
                 RunData::Generated(g) => {
                     g.write(rank, e.output_offset, &result)
                         .map_err(|source| Error::Reduce {
-                            rank,
+                            rank: t.rank_id(),
                             call: "check output",
                             source,
                         })?

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ringcc_core::topology::{RingOrder, Topology};
-use ringcc_core::{ChannelId, Error as CoreError, HopKind, NicId, Rank, RingIndex};
+use ringcc_core::{ChannelId, Error as CoreError, HopKind, NicId, NodeId, Rank, RingIndex};
 
 use crate::config::{ClusterConfig, LinkModel, MAX_RANKS};
 use crate::error::Error;
@@ -70,16 +70,16 @@ pub enum LinkKind {
     /// NVLink from one GPU to another.
     NvLink {
         /// Sending rank.
-        from: u32,
+        from: Rank,
         /// Receiving rank.
-        to: u32,
+        to: Rank,
     },
     /// The transmit side of a NIC port.
     NicTx {
         /// The node.
-        node: u32,
+        node: NodeId,
         /// The NIC.
-        nic: u16,
+        nic: NicId,
     },
 }
 
@@ -146,6 +146,21 @@ pub(crate) struct LaneTopo {
     pub hop: Hop,
 }
 
+impl LaneTopo {
+    /// The lane's rank, as the public types name it.
+    #[inline]
+    pub fn rank_id(&self) -> Rank {
+        Rank(self.rank)
+    }
+
+    /// The lane's channel, as the public types name it (channels are
+    /// fewer than [`MAX_CHANNELS`](ringcc_core::topology::MAX_CHANNELS)).
+    #[inline]
+    pub fn channel_id(&self) -> ChannelId {
+        ChannelId(self.channel as u8)
+    }
+}
+
 /// The whole fabric.
 #[derive(Debug)]
 pub(crate) struct Fabric {
@@ -183,7 +198,10 @@ impl Fabric {
                 });
                 links.push(LinkRes::new(
                     format!("nic {node}.{nic} tx"),
-                    LinkKind::NicTx { node, nic },
+                    LinkKind::NicTx {
+                        node: NodeId(node),
+                        nic: NicId(nic),
+                    },
                     &cfg.nic,
                 ));
             }
@@ -219,7 +237,10 @@ impl Fabric {
                         if link == len {
                             links.push(LinkRes::new(
                                 format!("nvlink {r}->{next}"),
-                                LinkKind::NvLink { from: r, to: next },
+                                LinkKind::NvLink {
+                                    from: Rank(r),
+                                    to: Rank(next),
+                                },
                                 &cfg.nvlink,
                             ));
                         }
@@ -296,7 +317,10 @@ mod tests {
     fn reserve_serializes() {
         let mut l = LinkRes::new(
             "x".into(),
-            LinkKind::NicTx { node: 0, nic: 0 },
+            LinkKind::NicTx {
+                node: NodeId(0),
+                nic: NicId(0),
+            },
             &LinkModel::NIC_400G,
         );
         assert_eq!(l.reserve(0, 50_000), (0, 1_000_000));

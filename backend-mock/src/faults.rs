@@ -15,6 +15,8 @@
 //! wrong key (or a wrong address), so its first RDMA WRITE fails the
 //! responder's key (or bounds) check.
 
+use ringcc_core::{ChannelId, NicId, NodeId, Rank};
+
 use crate::config::ClusterConfig;
 use crate::error::Error;
 use crate::events::{ps, Ps};
@@ -25,21 +27,33 @@ use crate::fabric::{Fabric, Hop};
 pub enum Component {
     /// A rank: its GPU stops, and its queue pairs no longer answer (the
     /// process is gone).
-    Rank(u32),
+    Rank(Rank),
     /// A NIC port of a node (or its cable): nothing leaves or enters it.
     Nic {
         /// The node.
-        node: u32,
+        node: NodeId,
         /// The NIC within the node.
-        nic: u16,
+        nic: NicId,
     },
     /// The NVLink path from one GPU to another of the same node.
     NvLink {
         /// Sending rank.
-        from: u32,
+        from: Rank,
         /// Receiving rank.
-        to: u32,
+        to: Rank,
     },
+}
+
+impl Component {
+    /// The component as configuration errors name it (the raw numbers, as
+    /// they were named before the fields became newtypes).
+    fn describe(&self) -> String {
+        match *self {
+            Component::Rank(r) => format!("Rank({r})"),
+            Component::Nic { node, nic } => format!("Nic {{ node: {node}, nic: {nic} }}"),
+            Component::NvLink { from, to } => format!("NvLink {{ from: {from}, to: {to} }}"),
+        }
+    }
 }
 
 /// A component failing at a virtual time (seconds since the cluster was
@@ -56,9 +70,19 @@ pub struct Failure {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnId {
     /// The channel.
-    pub channel: u32,
+    pub channel: ChannelId,
     /// The sending rank.
-    pub rank: u32,
+    pub rank: Rank,
+}
+
+impl ConnId {
+    /// The connection as configuration errors name it (the raw numbers).
+    fn describe(&self) -> String {
+        format!(
+            "ConnId {{ channel: {}, rank: {} }}",
+            self.channel, self.rank
+        )
+    }
 }
 
 /// The faults of a cluster. The default injects nothing.
@@ -149,9 +173,12 @@ impl Faults {
                 return Err(bad(format!("failure time {} must be non-negative", f.at)));
             }
             let ok = match f.what {
-                Component::Rank(r) => u64::from(r) < ranks,
-                Component::Nic { node, nic } => node < cfg.nodes && nic < cfg.nics_per_node,
+                Component::Rank(r) => u64::from(r.get()) < ranks,
+                Component::Nic { node, nic } => {
+                    node.get() < cfg.nodes && nic.get() < cfg.nics_per_node
+                }
                 Component::NvLink { from, to } => {
+                    let (from, to) = (from.get(), to.get());
                     u64::from(from) < ranks
                         && u64::from(to) < ranks
                         && from / cfg.gpus_per_node == to / cfg.gpus_per_node
@@ -159,12 +186,12 @@ impl Faults {
                 }
             };
             if !ok {
-                return Err(bad(format!("no such component: {:?}", f.what)));
+                return Err(bad(format!("no such component: {}", f.what.describe())));
             }
         }
         for c in self.bad_rkey.iter().chain(&self.bad_raddr) {
-            if c.channel >= cfg.channels || u64::from(c.rank) >= ranks {
-                return Err(bad(format!("no such connection: {c:?}")));
+            if u32::from(c.channel.get()) >= cfg.channels || u64::from(c.rank.get()) >= ranks {
+                return Err(bad(format!("no such connection: {}", c.describe())));
             }
         }
         Ok(())
@@ -242,7 +269,7 @@ impl FaultState {
     /// name an RDMA hop.
     pub fn new(f: &Faults, cluster_seed: u64, fab: &Fabric) -> Result<FaultState, Error> {
         for c in f.bad_rkey.iter().chain(&f.bad_raddr) {
-            let l = fab.lane(c.channel, c.rank);
+            let l = fab.lane(u32::from(c.channel.get()), c.rank.get());
             if !matches!(
                 fab.lanes.get(l as usize).map(|t| t.hop),
                 Some(Hop::Net { .. })
@@ -262,7 +289,7 @@ impl FaultState {
             let at = ps(x.at);
             match x.what {
                 Component::Rank(r) => {
-                    if let Some(slot) = ranks.get_mut(r as usize) {
+                    if let Some(slot) = ranks.get_mut(r.get() as usize) {
                         earliest(slot, at);
                     }
                 }
@@ -270,12 +297,12 @@ impl FaultState {
                     let port = fab
                         .ports
                         .iter()
-                        .position(|p| (p.node, p.nic) == (node, nic));
+                        .position(|p| (p.node, p.nic) == (node.get(), nic.get()));
                     if let Some(slot) = port.and_then(|p| ports.get_mut(p)) {
                         earliest(slot, at);
                     }
                 }
-                Component::NvLink { from, to } => nvlinks.push(((from, to), at)),
+                Component::NvLink { from, to } => nvlinks.push(((from.get(), to.get()), at)),
             }
         }
         Ok(FaultState {
@@ -401,16 +428,70 @@ mod tests {
         assert!(!Rng::new(1).chance(0.0));
     }
 
+    /// Configuration errors name components and connections by their raw
+    /// numbers, as they did before the fields became newtypes.
+    #[test]
+    fn bad_components_are_named_by_number() {
+        let cfg = ClusterConfig {
+            nodes: 2,
+            gpus_per_node: 2,
+            nics_per_node: 2,
+            channels: 2,
+            payload: true,
+            ..Default::default()
+        };
+        let fails = |what| Faults {
+            failures: vec![Failure { what, at: 0.0 }],
+            ..Default::default()
+        };
+        let msg = |f: Faults| match f.validate(&cfg) {
+            Err(Error::BadConfig { what }) => what,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            msg(fails(Component::Rank(Rank(4)))),
+            "no such component: Rank(4)"
+        );
+        assert_eq!(
+            msg(fails(Component::Nic {
+                node: NodeId(0),
+                nic: NicId(2),
+            })),
+            "no such component: Nic { node: 0, nic: 2 }"
+        );
+        assert_eq!(
+            msg(fails(Component::NvLink {
+                from: Rank(1),
+                to: Rank(2),
+            })),
+            "no such component: NvLink { from: 1, to: 2 }"
+        );
+        let bad = Faults {
+            bad_rkey: Some(ConnId {
+                channel: ChannelId(2),
+                rank: Rank(0),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            msg(bad),
+            "no such connection: ConnId { channel: 2, rank: 0 }"
+        );
+    }
+
     #[test]
     fn failures_apply_from_their_time() {
         let f = Faults {
             failures: vec![
                 Failure {
-                    what: Component::Rank(1),
+                    what: Component::Rank(Rank(1)),
                     at: 1e-3,
                 },
                 Failure {
-                    what: Component::Nic { node: 0, nic: 1 },
+                    what: Component::Nic {
+                        node: NodeId(0),
+                        nic: NicId(1),
+                    },
                     at: 0.0,
                 },
             ],

@@ -141,8 +141,8 @@ impl Sim {
         self.fail_lane(
             l,
             Error::Completion {
-                rank: t.rank,
-                channel: t.channel,
+                rank: t.rank_id(),
+                channel: t.channel_id(),
                 request: if credit {
                     "credit return"
                 } else {

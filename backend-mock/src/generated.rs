@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ringcc_core::verify::{self, Elem, MAX_ELEM};
-use ringcc_core::{Collective, Plan};
+use ringcc_core::{Collective, Plan, Rank};
 
 use crate::error::Error;
 use crate::report::{BufLayout, Call};
@@ -169,7 +169,10 @@ impl GeneratedData {
     /// The check of `call` on `ranks` ranks with inputs salted by `salt`:
     /// computes the reference (on every core of the machine).
     pub fn new(call: Call, ranks: u32, salt: u64) -> Result<GeneratedData, Error> {
-        let invalid = |source| Error::InvalidCall { rank: 0, source };
+        let invalid = |source| Error::InvalidCall {
+            rank: Rank(0),
+            source,
+        };
         let plan = Plan::new(call.collective, call.count, call.dtype, ranks, 1, 1 << 20)
             .map_err(invalid)?;
         let elem = call.elem();
@@ -240,8 +243,8 @@ impl GeneratedData {
     /// Test-only fault: the first `elements` output elements of `rank` are
     /// corrupted (a byte flipped) as they are written, so the check must
     /// count them.
-    pub fn corrupt_output(&mut self, rank: u32, elements: u64) {
-        self.corrupt = (rank, elements);
+    pub fn corrupt_output(&mut self, rank: Rank, elements: u64) {
+        self.corrupt = (rank.get(), elements);
     }
 
     /// Starts a run: no output element written yet.

@@ -406,14 +406,14 @@ impl Sim {
                 during,
                 source,
             } => Error::Core {
-                rank,
-                channel: u32::from(channel.0),
+                rank: Rank(rank),
+                channel,
                 call: during,
                 source,
             },
             EngineError::Timeout(stall) => Error::Timeout {
-                rank,
-                channel: u32::from(stall.channel.0),
+                rank: Rank(rank),
+                channel: stall.channel,
                 waited: secs(stall.waited),
                 waiting_for: stall.blocked.what(),
             },

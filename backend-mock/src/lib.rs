@@ -55,7 +55,7 @@
 //!
 //! ```
 //! use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers};
-//! use ringcc_core::{Collective, DataType, ReduceOp};
+//! use ringcc_core::{Collective, DataType, Rank, ReduceOp};
 //!
 //! let cfg = ClusterConfig {
 //!     nodes: 2,
@@ -72,7 +72,7 @@
 //! let call = Call::new(Collective::AllReduce, 1000, DataType::I32, ReduceOp::Sum);
 //! let mut bufs: Vec<RankBuffers> = (0..n)
 //!     .map(|r| {
-//!         let mut b = RankBuffers::zeroed(&call, n, r, false);
+//!         let mut b = RankBuffers::zeroed(&call, n, Rank(r), false);
 //!         for (i, x) in b.input.chunks_mut(4).enumerate() {
 //!             x.copy_from_slice(&(i as i32 + r as i32).to_ne_bytes());
 //!         }
@@ -119,7 +119,7 @@ pub use faults::{Component, ConnId, Failure, Faults};
 pub use generated::GeneratedData;
 pub use report::{Call, LinkStats, RankBuffers, RunReport, Stats};
 
-use ringcc_core::{HopKind, NicId};
+use ringcc_core::{ChannelId, HopKind, NicId, Rank};
 
 /// A simulated cluster: ranks, links, RNICs and a virtual clock.
 ///
@@ -233,22 +233,24 @@ impl Cluster {
     }
 
     /// Channel `channel`'s ring, in ring order from rank 0.
-    pub fn ring(&self, channel: u32) -> Vec<u32> {
+    pub fn ring(&self, channel: ChannelId) -> Vec<Rank> {
         let n = self.ranks();
+        let channel = u32::from(channel.get());
         let Some(_) = self.sim.fab.rings.get(channel as usize) else {
             return Vec::new();
         };
         let mut out = Vec::with_capacity(n as usize);
         let mut r = 0;
         for _ in 0..n {
-            out.push(r);
+            out.push(Rank(r));
             r = self.sim.fab.lanes[self.sim.fab.lane(channel, r) as usize].next;
         }
         out
     }
 
     /// What carries channel `channel`'s hop from `rank` to its successor.
-    pub fn hop(&self, channel: u32, rank: u32) -> Option<HopKind> {
+    pub fn hop(&self, channel: ChannelId, rank: Rank) -> Option<HopKind> {
+        let (channel, rank) = (u32::from(channel.get()), rank.get());
         if channel >= self.sim.fab.channels || rank >= self.ranks() {
             return None;
         }

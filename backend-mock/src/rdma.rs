@@ -16,6 +16,7 @@ use ringcc_core::protocol::post::{
 use ringcc_core::protocol::{arrival, Kind, WrId};
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::wire::{Completion, Lkey, Psn, Qpn, Rkey, WcOpcode};
+use ringcc_core::{ChannelId, Rank};
 
 use crate::error::Error;
 use crate::fabric::Hop;
@@ -25,7 +26,7 @@ use crate::rnic::qp::QpError;
 use crate::rnic::{Qp, Role, QPN_BASE};
 use crate::sim::Sim;
 
-fn post_error(rank: u32, channel: u32, e: QpError) -> Error {
+fn post_error(rank: Rank, channel: ChannelId, e: QpError) -> Error {
     match e {
         QpError::Format(source) => Error::Wire {
             rank,
@@ -145,8 +146,8 @@ impl Sim {
             lkey: Lkey(m.staging_key),
         };
         let me = ConnId {
-            channel: t.channel,
-            rank: t.rank,
+            channel: t.channel_id(),
+            rank: t.rank_id(),
         };
         let (rkey, addr) = self.faults.remote(
             me,
@@ -168,8 +169,8 @@ impl Sim {
         let wr_id = WrId::new(Kind::Data, t.channel as u8, span.end() as u32).encode();
         let writes = SliceWrites::<1>::new(e, &g, dtype, local, &fifo, &mailbox, wr_id).map_err(
             |source| Error::Wire {
-                rank: t.rank,
-                channel: t.channel,
+                rank: t.rank_id(),
+                channel: t.channel_id(),
                 call: "SliceWrites::new",
                 source,
             },
@@ -177,7 +178,7 @@ impl Sim {
         for wr in writes {
             self.nic.qps[m.qp_tx as usize]
                 .post_send(&wr)
-                .map_err(|e| post_error(t.rank, t.channel, e))?;
+                .map_err(|e| post_error(t.rank_id(), t.channel_id(), e))?;
             self.stats.work_requests += 1;
         }
         self.ring_doorbell(m.qp_tx);
@@ -201,14 +202,14 @@ impl Sim {
             WrId::new(Kind::Credit, t.channel as u8, head as u32).encode(),
         )
         .map_err(|source| Error::Wire {
-            rank: t.rank,
-            channel: t.channel,
+            rank: t.rank_id(),
+            channel: t.channel_id(),
             call: "credit_write",
             source,
         })?;
         self.nic.qps[pm.qp_rx as usize]
             .post_send(&wr)
-            .map_err(|e| post_error(t.rank, t.channel, e))?;
+            .map_err(|e| post_error(t.rank_id(), t.channel_id(), e))?;
         self.stats.work_requests += 1;
         self.ring_doorbell(pm.qp_rx);
         Ok(())
@@ -238,8 +239,8 @@ impl Sim {
             };
             tracing::debug!(rank = t.rank, channel = t.channel, status = ?wc.status, request, "completion error");
             let err = Error::Completion {
-                rank: t.rank,
-                channel: t.channel,
+                rank: t.rank_id(),
+                channel: t.channel_id(),
                 request,
                 status: wc.status,
                 qpn,

@@ -4,6 +4,7 @@ use crate::error::Error;
 use crate::fabric::LinkKind;
 
 pub use ringcc_core::Call;
+use ringcc_core::Rank;
 
 /// Where a rank's input and output live, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,8 +65,8 @@ pub struct RankBuffers {
 impl RankBuffers {
     /// Zeroed buffers of the right sizes for `call` on rank `rank` of
     /// `ranks`.
-    pub fn zeroed(call: &Call, ranks: u32, rank: u32, in_place: bool) -> RankBuffers {
-        let l = BufLayout::new(call, ranks, rank, in_place);
+    pub fn zeroed(call: &Call, ranks: u32, rank: Rank, in_place: bool) -> RankBuffers {
+        let l = BufLayout::new(call, ranks, rank.get(), in_place);
         if in_place {
             RankBuffers {
                 input: Vec::new(),
@@ -80,8 +81,8 @@ impl RankBuffers {
     }
 
     /// Where the call reads this rank's input (to fill it before a run).
-    pub fn input_mut(&mut self, call: &Call, ranks: u32, rank: u32, in_place: bool) -> &mut [u8] {
-        let l = BufLayout::new(call, ranks, rank, in_place);
+    pub fn input_mut(&mut self, call: &Call, ranks: u32, rank: Rank, in_place: bool) -> &mut [u8] {
+        let l = BufLayout::new(call, ranks, rank.get(), in_place);
         let buf = if in_place {
             &mut self.output
         } else {
@@ -92,8 +93,8 @@ impl RankBuffers {
     }
 
     /// Where the call wrote this rank's result.
-    pub fn output(&self, call: &Call, ranks: u32, rank: u32, in_place: bool) -> &[u8] {
-        let l = BufLayout::new(call, ranks, rank, in_place);
+    pub fn output(&self, call: &Call, ranks: u32, rank: Rank, in_place: bool) -> &[u8] {
+        let l = BufLayout::new(call, ranks, rank.get(), in_place);
         let end = l
             .output_at
             .saturating_add(l.output_len)

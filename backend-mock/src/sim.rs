@@ -11,7 +11,7 @@
 //! time, and only a rank whose own result is complete, in a run where no
 //! rank failed, reports success.
 
-use ringcc_core::Plan;
+use ringcc_core::{ChannelId, Plan, Rank};
 
 use crate::config::ClusterConfig;
 use crate::error::Error;
@@ -215,7 +215,7 @@ impl Sim {
             for &(which, expected, got) in checks {
                 if expected != got {
                     return Err(Error::BadBuffer {
-                        rank,
+                        rank: Rank(rank),
                         which,
                         expected,
                         got,
@@ -262,7 +262,7 @@ impl Sim {
                     cfg.chunk_bytes,
                 )
                 .map_err(|source| Error::InvalidCall {
-                    rank: r as u32,
+                    rank: Rank(r as u32),
                     source,
                 })
             })
@@ -364,7 +364,7 @@ impl Sim {
                 // The watchdog keeps the queue non-empty while a lane runs.
                 self.fail_all(|rank| Error::Timeout {
                     rank,
-                    channel: 0,
+                    channel: ChannelId(0),
                     waited: 0.0,
                     waiting_for: "an event (none left)",
                 });
@@ -436,7 +436,7 @@ impl Sim {
             let rs = &self.ranks[r as usize];
             results.push(if let Some(t) = rs.died {
                 Err(Error::RankDied {
-                    rank: r,
+                    rank: Rank(r),
                     at: secs(t),
                 })
             } else if let Some(e) = &rs.error {
@@ -459,7 +459,7 @@ impl Sim {
                 let rs = &self.ranks[r];
                 match (&rs.error, rs.died) {
                     (_, Some(t)) => Some(Error::RankDied {
-                        rank: r as u32,
+                        rank: Rank(r as u32),
                         at: secs(t),
                     }),
                     (Some(e), _) if !matches!(e, Error::Aborted { .. }) => Some(e.clone()),

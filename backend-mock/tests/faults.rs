@@ -6,7 +6,7 @@
 mod common;
 
 use ringcc_core::wire::WcStatus;
-use ringcc_core::{Collective, DataType, Rank, ReduceOp};
+use ringcc_core::{ChannelId, Collective, DataType, NicId, NodeId, Rank, ReduceOp};
 use ringcc_mock::{
     Call, Cluster, ClusterConfig, Component, ConnId, Error, Failure, Faults, RankBuffers, RunReport,
 };
@@ -120,7 +120,7 @@ fn dead_rank_fails_every_rank_in_bounded_time() {
             // 65 us come first.
             cfg.rnic.timeout = timeout;
             cfg.faults.failures = vec![Failure {
-                what: Component::Rank(victim),
+                what: Component::Rank(Rank(victim)),
                 at,
             }];
             let mut c = Cluster::new(cfg).unwrap();
@@ -166,7 +166,7 @@ fn runs_after_a_failure_are_refused() {
     let mut cfg = common::small(1, 2, 1, 1);
     cfg.deadline = 1e-3;
     cfg.faults.failures = vec![Failure {
-        what: Component::Rank(0),
+        what: Component::Rank(Rank(0)),
         at: 0.0,
     }];
     let mut c = Cluster::new(cfg).unwrap();
@@ -189,7 +189,10 @@ fn dead_nic_gives_retry_exceeded() {
         cfg.rnic.timeout = 4; // 65 us
         cfg.deadline = 1.0;
         cfg.faults.failures = vec![Failure {
-            what: Component::Nic { node: 1, nic: 0 },
+            what: Component::Nic {
+                node: NodeId(1),
+                nic: NicId(0),
+            },
             at: 20e-6,
         }];
         let mut c = Cluster::new(cfg).unwrap();
@@ -214,7 +217,10 @@ fn dead_nvlink_times_out() {
     let mut cfg = common::small(1, 3, 1, 1);
     cfg.deadline = 5e-4;
     cfg.faults.failures = vec![Failure {
-        what: Component::NvLink { from: 1, to: 2 },
+        what: Component::NvLink {
+            from: Rank(1),
+            to: Rank(2),
+        },
         at: 0.0,
     }];
     let mut c = Cluster::new(cfg).unwrap();
@@ -237,8 +243,8 @@ fn bad_rkey_or_address_is_remote_access_error() {
     let mut cfg = common::small(2, 2, 2, 2);
     // Rank 1 (node 0's last GPU) sends to rank 2 across nodes.
     cfg.faults.bad_rkey = Some(ConnId {
-        channel: 1,
-        rank: 1,
+        channel: ChannelId(1),
+        rank: Rank(1),
     });
     let mut c = Cluster::new(cfg).unwrap();
     let call = Call::new(Collective::AllReduce, 5000, DataType::I64, ReduceOp::Sum);
@@ -252,7 +258,7 @@ fn bad_rkey_or_address_is_remote_access_error() {
             ..
         }) => {
             assert_eq!(*status, WcStatus::RemAccessErr);
-            assert_eq!((*request, *channel), ("data write", 1));
+            assert_eq!((*request, *channel), ("data write", ChannelId(1)));
         }
         other => panic!("{other:?}"),
     }
@@ -265,8 +271,8 @@ fn bad_rkey_or_address_is_remote_access_error() {
     // A wrong address under the right key: the bounds check fails.
     let mut cfg = common::small(2, 2, 2, 2);
     cfg.faults.bad_raddr = Some(ConnId {
-        channel: 0,
-        rank: 3,
+        channel: ChannelId(0),
+        rank: Rank(3),
     });
     let mut c = Cluster::new(cfg).unwrap();
     let r = run_all(&mut c, call, true);
@@ -278,8 +284,8 @@ fn bad_rkey_or_address_is_remote_access_error() {
     // The key of an NVLink hop cannot be corrupted: refused.
     let mut cfg = common::small(2, 2, 2, 2);
     cfg.faults.bad_rkey = Some(ConnId {
-        channel: 0,
-        rank: 0,
+        channel: ChannelId(0),
+        rank: Rank(0),
     });
     assert!(matches!(Cluster::new(cfg), Err(Error::BadConfig { .. })));
 }
@@ -322,17 +328,17 @@ fn mismatched_calls_fail_everywhere() {
                 calls
                     .iter()
                     .enumerate()
-                    .map(|(r, call)| RankBuffers::zeroed(call, n, r as u32, false))
+                    .map(|(r, call)| RankBuffers::zeroed(call, n, Rank(r as u32), false))
                     .collect()
             } else {
                 Vec::new()
             };
             let r = c.run(&calls, &mut bufs, false).unwrap();
             assert_all_failed(&r);
-            let succ =
-                c.ring(0)[((c.ring(0).iter().position(|&x| x == who).unwrap()) + 1) % n as usize];
-            for saw in [who, succ] {
-                let e = r.ranks[saw as usize].as_ref().unwrap_err();
+            let ring = c.ring(ChannelId(0));
+            let succ = ring[(ring.iter().position(|&x| x == Rank(who)).unwrap() + 1) % n as usize];
+            for saw in [Rank(who), succ] {
+                let e = r.ranks[saw.get() as usize].as_ref().unwrap_err();
                 assert!(
                     e.is_mismatched_call(),
                     "payload {payload} case {i} rank {saw}: {e}"
@@ -352,7 +358,7 @@ fn mismatched_calls_fail_everywhere() {
     };
     let calls = [b(0), b(0), b(1)];
     let mut bufs: Vec<RankBuffers> = (0..3)
-        .map(|r| RankBuffers::zeroed(&calls[r], 3, r as u32, false))
+        .map(|r| RankBuffers::zeroed(&calls[r], 3, Rank(r as u32), false))
         .collect();
     let r = c.run(&calls, &mut bufs, false).unwrap();
     assert_all_failed(&r);
@@ -394,12 +400,12 @@ fn invalid_calls_are_refused() {
     );
     assert!(matches!(
         c.run(&[bad_root; 2], &mut [], false),
-        Err(Error::InvalidCall { rank: 0, .. })
+        Err(Error::InvalidCall { rank: Rank(0), .. })
     ));
     let mut bufs = vec![RankBuffers::default(); 2];
     assert!(matches!(
         c.run(&[call; 2], &mut bufs, false),
-        Err(Error::BadBuffer { rank: 0, .. })
+        Err(Error::BadBuffer { rank: Rank(0), .. })
     ));
     let mut bufs = common::buffers(&call, 2, false, 1);
     let r = c.run(&[call; 2], &mut bufs, false).unwrap();

@@ -36,8 +36,8 @@ fn both_ways(call: Call, in_place: bool, salt: u64, corrupt: u64) -> u64 {
     let mut gen = Cluster::new(cfg).unwrap();
     let mut data = GeneratedData::new(call, n, salt).unwrap();
     let victim = match call.collective {
-        Collective::Reduce { root } => root.0,
-        _ => 0,
+        Collective::Reduce { root } => root,
+        _ => Rank(0),
     };
     data.corrupt_output(victim, corrupt);
     let b = gen.run_generated(&calls, &mut data, in_place).unwrap();

@@ -4,7 +4,7 @@
 
 use ringcc_core::cost::{self, Link};
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::{Collective, DataType, Rank, ReduceOp};
+use ringcc_core::{ChannelId, Collective, DataType, NodeId, Rank, ReduceOp};
 use ringcc_mock::{Call, Cluster, ClusterConfig, LinkKind, RankBuffers, RunReport};
 
 /// RoCEv2 bytes per 4096-byte payload packet (Ethernet 14, IPv4 20, UDP 8,
@@ -50,7 +50,7 @@ fn seed_example_hops_and_allreduce() {
     let chunk = 256e6;
     let call = f32_call(Collective::AllReduce, (chunk * n as f64) as u64);
     let (c, r) = run(cfg, call);
-    assert_eq!(c.ring(0), [0, 1, 2, 3, 4, 5]);
+    assert_eq!(c.ring(ChannelId(0)), [0, 1, 2, 3, 4, 5].map(Rank));
     // Every hop carries 2(n-1) chunk-steps of 256 MB.
     let steps = 2.0 * (n as f64 - 1.0);
     let mut nv = Vec::new();
@@ -175,7 +175,15 @@ fn eight_channels_on_eight_nics_scale() {
         .stats()
         .links
         .iter()
-        .filter(|l| matches!(l.kind, LinkKind::NicTx { node: 0, .. }))
+        .filter(|l| {
+            matches!(
+                l.kind,
+                LinkKind::NicTx {
+                    node: NodeId(0),
+                    ..
+                }
+            )
+        })
         .map(|l| l.bytes)
         .collect();
     assert_eq!(tx.len(), 8);
@@ -218,7 +226,7 @@ fn packet_and_flow_models_agree() {
         })
         .unwrap();
         let mut bufs: Vec<RankBuffers> = (0..n)
-            .map(|r| RankBuffers::zeroed(&call, n, r, false))
+            .map(|r| RankBuffers::zeroed(&call, n, Rank(r), false))
             .collect();
         let packets = c.run(&vec![call; n as usize], &mut bufs, false).unwrap();
         assert!(packets.ok());
@@ -310,7 +318,7 @@ mod agreement {
             let (_, flow) = run(ClusterConfig { payload: false, ..cfg.clone() }, call);
             let mut c = Cluster::new(ClusterConfig { payload: true, ..cfg }).unwrap();
             let mut bufs: Vec<RankBuffers> =
-                (0..n).map(|r| RankBuffers::zeroed(&call, n, r, false)).collect();
+                (0..n).map(|r| RankBuffers::zeroed(&call, n, Rank(r), false)).collect();
             let packets = c.run(&vec![call; n as usize], &mut bufs, false).unwrap();
             prop_assert!(packets.ok());
             prop_assert!(

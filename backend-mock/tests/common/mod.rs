@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::{Collective, Plan};
+use ringcc_core::{Collective, Plan, Rank};
 use ringcc_mock::{Call, Cluster, ClusterConfig, RankBuffers, RunReport};
 use ringcc_tests::reference::{expected, input};
 
@@ -34,10 +34,10 @@ pub fn buffers(call: &Call, ranks: u32, in_place: bool, salt: u64) -> Vec<RankBu
     let plan = ref_plan(call, ranks);
     (0..ranks)
         .map(|r| {
-            let mut b = RankBuffers::zeroed(call, ranks, r, in_place);
+            let mut b = RankBuffers::zeroed(call, ranks, Rank(r), in_place);
             // Fill everything else with a marker, to catch stray writes.
             b.output.fill(0xEE);
-            b.input_mut(call, ranks, r, in_place)
+            b.input_mut(call, ranks, Rank(r), in_place)
                 .copy_from_slice(&input(&plan, call.op, r, salt));
             b
         })
@@ -56,7 +56,9 @@ pub fn check(
     let plan = ref_plan(call, ranks);
     (0..ranks)
         .map(|r| {
-            let got = bufs[r as usize].output(call, ranks, r, in_place).to_vec();
+            let got = bufs[r as usize]
+                .output(call, ranks, Rank(r), in_place)
+                .to_vec();
             if let Some(want) = expected(&plan, call.op, r, salt) {
                 assert!(
                     got == want,

@@ -12,7 +12,7 @@
 //! and costs O(count) per rank.
 
 use ringcc_core::cost::Link;
-use ringcc_core::{ChannelId, Plan};
+use ringcc_core::{ChannelId, Plan, Rank};
 use ringcc_mock::{Call, Cluster, ClusterConfig, GeneratedData};
 
 use crate::args::{NcclFlag, TopoArgs};
@@ -198,8 +198,8 @@ impl PerfBackend for MockBackend {
         };
         // The test-only fault lands on a rank whose output is defined.
         let victim = match call.collective {
-            ringcc_core::Collective::Reduce { root } => root.0,
-            _ => 0,
+            ringcc_core::Collective::Reduce { root } => root,
+            _ => Rank(0),
         };
         data.corrupt_output(victim, corrupt);
         let calls = vec![mc; n as usize];
