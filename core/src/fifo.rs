@@ -162,7 +162,12 @@ pub enum TryError {
 
 /// A monotonically increasing step counter shared between two threads:
 /// stores are releases, loads are acquires.
+///
+/// `repr(transparent)` over one `AtomicU64`: a counter may live in memory
+/// shared between processes (the host crate's shared-memory segment views
+/// an aligned, initialised 8-byte word as a `StepCounter`).
 #[derive(Debug)]
+#[repr(transparent)]
 pub struct StepCounter(AtomicU64);
 
 impl StepCounter {

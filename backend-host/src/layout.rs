@@ -1,0 +1,153 @@
+//! Where everything lives in a segment: the one place offsets are computed.
+//!
+//! ```text
+//! 0     header      magic (stored last, release) · version · token hash ·
+//!                   slot bytes · slots per slice · depth · total size
+//! 64    tail        StepCounter (sender → receiver)
+//! 128   head        StepCounter (receiver → sender)
+//! 192   mailbox     call-header sequence word (release) · CALL_HEADER_LEN bytes
+//! 256   slots       STEPS slots, each `slot_stride` bytes (slot bytes rounded
+//!                   up to 64)
+//! ```
+//!
+//! Every offset is a multiple of [`Layout::LINE`], so each counter has its
+//! own cache line and every word is aligned (a mapping starts on a page).
+
+use ringcc_core::fifo::{FifoGeometry, STEPS};
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
+
+use crate::error::{Error, Result};
+
+/// Header fields: byte offsets inside the header line. Every field is a
+/// native-endian `u64` (both ends run on the same host).
+pub(crate) mod field {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const TOKEN_HASH: usize = 16;
+    pub const SLOT_BYTES: usize = 24;
+    pub const SLOTS_PER_SLICE: usize = 32;
+    pub const DEPTH: usize = 40;
+    pub const TOTAL: usize = 48;
+    pub const END: usize = 56;
+}
+
+/// "ringcc\x00\x01" as a little-endian word: never zero, so a segment the
+/// owner has not published yet (all zero bytes) is told apart.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ringcc\x00\x01");
+
+/// Bumped whenever the layout changes; both ends must agree.
+pub const LAYOUT_VERSION: u64 = 1;
+
+/// The byte layout of one connection's segment for a FIFO geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    slot_bytes: u64,
+    slot_stride: u64,
+    total: u64,
+}
+
+const _: () = assert!(field::END <= Layout::LINE);
+const _: () = assert!(8 + CALL_HEADER_LEN <= Layout::LINE);
+const _: () = assert!(Layout::MAILBOX == Layout::MAILBOX_SEQ + 8);
+const _: () = assert!(Layout::MAILBOX + CALL_HEADER_LEN <= Layout::SLOTS);
+
+impl Layout {
+    /// The alignment of every region (a cache line).
+    pub const LINE: usize = 64;
+    /// The header.
+    pub const HEADER: usize = 0;
+    /// The `tail` counter.
+    pub const TAIL: usize = 64;
+    /// The `head` counter.
+    pub const HEAD: usize = 128;
+    /// The call-header mailbox's sequence word.
+    pub const MAILBOX_SEQ: usize = 192;
+    /// The call-header mailbox's bytes (`CALL_HEADER_LEN` of them).
+    pub const MAILBOX: usize = 200;
+    /// The first slot.
+    pub const SLOTS: usize = 256;
+
+    /// The layout for `geometry`; [`Error::BadConfig`] when its size does
+    /// not fit in this address space.
+    pub fn new(geometry: FifoGeometry) -> Result<Layout> {
+        let line = Self::LINE as u64;
+        let too_big = || {
+            Error::BadConfig(format!(
+                "a FIFO of {STEPS} slots of {} bytes does not fit in memory",
+                geometry.slot_bytes()
+            ))
+        };
+        let slot_bytes = geometry.slot_bytes();
+        let slot_stride = slot_bytes
+            .checked_next_multiple_of(line)
+            .ok_or_else(too_big)?;
+        let total = slot_stride
+            .checked_mul(STEPS)
+            .and_then(|s| s.checked_add(Self::SLOTS as u64))
+            .filter(|&t| usize::try_from(t).is_ok() && isize::try_from(t).is_ok())
+            .ok_or_else(too_big)?;
+        Ok(Layout {
+            slot_bytes,
+            slot_stride,
+            total,
+        })
+    }
+
+    /// Bytes a slot holds.
+    pub const fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Distance between two slots (slot bytes rounded up to a line).
+    pub const fn slot_stride(&self) -> u64 {
+        self.slot_stride
+    }
+
+    /// Bytes of the whole segment.
+    pub const fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Offset of slot `index` (`0..STEPS`), `None` beyond.
+    pub fn slot_offset(&self, index: u64) -> Option<u64> {
+        if index >= STEPS {
+            return None;
+        }
+        index
+            .checked_mul(self.slot_stride)
+            .and_then(|o| o.checked_add(Self::SLOTS as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_are_line_aligned_and_slots_fit() {
+        for bytes in [16, 48, 64, 4096, 512 * 1024] {
+            let g = FifoGeometry::new(bytes, 2).unwrap();
+            let l = Layout::new(g).unwrap();
+            for i in 0..STEPS {
+                let o = l.slot_offset(i).unwrap();
+                assert_eq!(o % Layout::LINE as u64, 0);
+                assert!(o + l.slot_bytes() <= l.total());
+            }
+            assert_eq!(l.slot_offset(STEPS), None);
+        }
+        for o in [
+            Layout::TAIL,
+            Layout::HEAD,
+            Layout::MAILBOX_SEQ,
+            Layout::SLOTS,
+        ] {
+            assert_eq!(o % Layout::LINE, 0);
+        }
+    }
+
+    #[test]
+    fn oversized_geometry_is_bad_config() {
+        let g = FifoGeometry::new(u64::MAX - 15, 2).unwrap();
+        assert!(matches!(Layout::new(g), Err(Error::BadConfig(_))));
+    }
+}

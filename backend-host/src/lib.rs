@@ -1,0 +1,33 @@
+//! # ringcc-host: transports between processes of one host
+//!
+//! The shared-memory transport's groundwork: one connection (a rank to its
+//! ring successor, on one channel) is a FIFO living in a POSIX
+//! shared-memory [`Segment`] owned by the *receiver*. The sender opens it,
+//! fills slots and posts `tail`; the receiver reads and returns credit by
+//! posting `head`, with the core's [`StepCounter`](ringcc_core::fifo::StepCounter)
+//! (release on post, acquire on load) and its flow-control rules
+//! ([`ringcc_core::fifo`]). The call header travels in a mailbox in the
+//! same segment.
+//!
+//! Layers, as in the other backends: `map` (raw: one `mmap` and its
+//! `munmap`, through `rustix`), [`Segment`] (checked: header with magic,
+//! version, token hash and geometry; owner-only mode, size and uid checks;
+//! slot copies bounded by the slot size), [`wait`] (bounded spin-then-nap
+//! waits with a deadline). Names come from [`SegmentName`]: a hash of the
+//! job token, the receiving rank and the channel. Where the bytes live is
+//! computed once, by [`Layout`].
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod error;
+mod layout;
+mod map;
+mod name;
+mod segment;
+pub mod wait;
+
+pub use error::{Error, Result};
+pub use layout::{Layout, LAYOUT_VERSION, MAGIC};
+pub use name::{token_hash, SegmentName};
+pub use segment::{Segment, SlotRef};
