@@ -235,8 +235,13 @@ if [ "$RUN_BENCH" = 1 ]; then
   # per rank) against -b's rate per direction (half its sum).
   b1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
   b2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-bi.MBps.txt" 2 | median)
-  a1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/base-c1.MBps.txt" | median)
-  a2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/base-c2.MBps.txt" | median)
+  a1=; a2=
+  if [ -n "$BASE_BIN" ]; then
+    # `|| true`: no base numbers (every base run failed) is reported as "?",
+    # not a script failure.
+    a1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/base-c1.MBps.txt" | median || true)
+    a2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/base-c2.MBps.txt" | median || true)
+  fi
   s1=$(time_split "$O/ringcc-c1.calls.txt")
   s2=$(time_split "$O/ringcc-c2.calls.txt")
   {
