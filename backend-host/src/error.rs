@@ -71,6 +71,35 @@ pub enum Error {
         /// The index asked for.
         slot: u64,
     },
+    /// A buffer whose size is not what the call needs.
+    #[error("{which} buffer has {got} B, the call needs {expected} B")]
+    BadBuffer {
+        /// `input`, `output` or `in-place`.
+        which: &'static str,
+        /// Bytes the call needs.
+        expected: usize,
+        /// Bytes given.
+        got: usize,
+    },
+    /// The core refused a call or a peer's message (a mismatched call
+    /// across ranks, a protocol violation), on `channel` where one is
+    /// named.
+    #[error("{}{call}: {source}", channel.map(|c| format!("channel {c}: ")).unwrap_or_default())]
+    Core {
+        /// The channel, when the failure is one channel's.
+        channel: Option<ringcc_core::ChannelId>,
+        /// What the core was doing.
+        call: &'static str,
+        /// The core's error.
+        #[source]
+        source: ringcc_core::Error,
+    },
+    /// The rank failed earlier; it takes no more calls.
+    #[error("the rank failed earlier and takes no more calls: {cause}")]
+    Poisoned {
+        /// The first failure.
+        cause: String,
+    },
     /// A broken invariant of this crate (a bug): never the caller's fault.
     #[error("internal error in ringcc-host: {0}")]
     Internal(String),
@@ -101,6 +130,44 @@ impl Error {
             ours.slot_bytes(),
             ours.slots_per_slice()
         ))
+    }
+}
+
+impl Error {
+    /// The core's error inside, if this is one.
+    pub fn core_error(&self) -> Option<&ringcc_core::Error> {
+        match self {
+            Error::Core { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The core engine's error as this crate's (the one place they are
+    /// mapped); the engine's ticks are nanoseconds.
+    pub(crate) fn engine(e: ringcc_core::progress::EngineError) -> Error {
+        use ringcc_core::progress::EngineError;
+        match e {
+            EngineError::Machine {
+                channel,
+                during,
+                source,
+            } => Error::Core {
+                channel: Some(channel),
+                call: during,
+                source,
+            },
+            EngineError::Timeout(s) => Error::Timeout {
+                waiting_for: format!(
+                    "rank {} call {}: channel {} waits for {} ({} channel(s) open)",
+                    s.rank, s.seq, s.channel, s.blocked, s.open
+                ),
+                after: Duration::from_nanos(s.waited),
+            },
+            EngineError::Aborted | EngineError::Poisoned => Error::Poisoned {
+                cause: format!("the progress engine stopped earlier ({e})"),
+            },
+            other => Error::Internal(format!("progress engine: {other}")),
+        }
     }
 }
 

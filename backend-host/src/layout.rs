@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! 0     header      magic (stored last, release) · version · token hash ·
-//!                   slot bytes · slots per slice · depth · total size
+//!                   slot bytes · slots per slice · depth · total size ·
+//!                   peer mapped (set by the opener, release)
 //! 64    tail        StepCounter (sender → receiver)
 //! 128   head        StepCounter (receiver → sender)
 //! 192   mailbox     call-header sequence word (release) · CALL_HEADER_LEN bytes
@@ -28,7 +29,10 @@ pub(crate) mod field {
     pub const SLOTS_PER_SLICE: usize = 32;
     pub const DEPTH: usize = 40;
     pub const TOTAL: usize = 48;
-    pub const END: usize = 56;
+    /// Set (release) by the peer once it has mapped and checked the
+    /// segment: the owner may unlink the name.
+    pub const PEER_MAPPED: usize = 56;
+    pub const END: usize = 64;
 }
 
 /// "ringcc\x00\x01" as a little-endian word: never zero, so a segment the
@@ -36,7 +40,7 @@ pub(crate) mod field {
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ringcc\x00\x01");
 
 /// Bumped whenever the layout changes; both ends must agree.
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 
 /// The byte layout of one connection's segment for a FIFO geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

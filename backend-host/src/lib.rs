@@ -15,7 +15,8 @@
 //! slot copies bounded by the slot size), [`wait`] (bounded spin-then-nap
 //! waits with a deadline). Names come from [`SegmentName`]: a hash of the
 //! job token, the receiving rank and the channel. Where the bytes live is
-//! computed once, by [`Layout`].
+//! computed once, by [`Layout`]. [`ShmRank`] is the transport on top: one
+//! rank's calls over its segments, driven by the core's progress engine.
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -25,9 +26,11 @@ mod layout;
 mod map;
 mod name;
 mod segment;
+pub mod shm;
 pub mod wait;
 
 pub use error::{Error, Result};
 pub use layout::{Layout, LAYOUT_VERSION, MAGIC};
 pub use name::{token_hash, SegmentName};
 pub use segment::{Segment, SlotRef};
+pub use shm::{ShmConfig, ShmRank};

@@ -242,6 +242,7 @@ impl Segment {
                 layout.total()
             )));
         }
+        seg.peer_flag().store(1, Ordering::Release);
         Ok(Some(seg))
     }
 
@@ -376,6 +377,19 @@ impl Segment {
         // `StepCounter` is `repr(transparent)` over `AtomicU64`. Both
         // processes only access the word atomically.
         unsafe { &*self.ptr(off).cast::<StepCounter>() }
+    }
+
+    /// Whether the peer has mapped and checked the segment (owner side):
+    /// from then on the name may be unlinked.
+    pub fn peer_mapped(&self) -> bool {
+        self.peer_flag().load(Ordering::Acquire) != 0
+    }
+
+    fn peer_flag(&self) -> &AtomicU64 {
+        // SAFETY: as in `counter`: an 8-aligned word of the header line
+        // inside the mapping, zero until the opener's release store, only
+        // accessed atomically by both processes.
+        unsafe { &*self.ptr(field::PEER_MAPPED).cast::<AtomicU64>() }
     }
 
     fn magic(&self) -> &AtomicU64 {
