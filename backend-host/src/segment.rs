@@ -132,25 +132,12 @@ impl Segment {
         deadline: Instant,
     ) -> Result<Segment> {
         let layout = Layout::new(expected)?;
-        let start = Instant::now();
-        loop {
-            if let Some(seg) = Self::try_open(name, token, expected, layout)? {
-                return Ok(seg);
-            }
-            let now = Instant::now();
-            let Some(left) = deadline
-                .checked_duration_since(now)
-                .filter(|d| !d.is_zero())
-            else {
-                return Err(Error::Timeout {
-                    waiting_for: format!(
-                        "shared-memory segment {name} to be created and published by its owner"
-                    ),
-                    after: now.saturating_duration_since(start),
-                });
-            };
-            std::thread::sleep(left.min(OPEN_NAP));
-        }
+        crate::wait::poll_until(
+            deadline,
+            OPEN_NAP,
+            || Self::try_open(name, token, expected, layout),
+            || format!("shared-memory segment {name} to be created and published by its owner"),
+        )
     }
 
     /// One look: `None` while the owner has not created or published it.

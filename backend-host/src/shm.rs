@@ -242,18 +242,13 @@ impl ShmRank {
                 });
             }
             for link in &mut links {
-                while !link.inbox.peer_mapped() {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Timeout {
-                            waiting_for: format!(
-                                "rank {rank}'s predecessor to map {}",
-                                link.inbox.name()
-                            ),
-                            after: config.timeout,
-                        });
-                    }
-                    std::thread::sleep(NAP);
-                }
+                let inbox = &link.inbox;
+                crate::wait::poll_until(
+                    deadline,
+                    NAP,
+                    || Ok(inbox.peer_mapped().then_some(())),
+                    || format!("rank {rank}'s predecessor to map {}", inbox.name()),
+                )?;
                 link.inbox.unlink()?;
             }
         }

@@ -20,17 +20,44 @@ pub fn wait_at_least(
     deadline: Instant,
     what: impl FnOnce() -> String,
 ) -> Result<u64> {
-    let start = Instant::now();
-    let mut spins = 0u32;
-    loop {
+    for _ in 0..SPINS {
         let v = counter.load();
         if v >= target {
             return Ok(v);
         }
-        if spins < SPINS {
-            spins = spins.saturating_add(1);
-            std::hint::spin_loop();
-            continue;
+        std::hint::spin_loop();
+    }
+    poll_until(
+        deadline,
+        NAP,
+        || {
+            let v = counter.load();
+            Ok((v >= target).then_some(v))
+        },
+        || {
+            format!(
+                "{} (counter at {}, waiting for {target})",
+                what(),
+                counter.load()
+            )
+        },
+    )
+}
+
+/// Polls `ready` until it gives a value, sleeping up to `nap` between
+/// looks; [`Error::Timeout`] naming `what` once `deadline` has passed (an
+/// error from `ready` ends the wait at once). The one deadline loop of
+/// this crate's waits.
+pub(crate) fn poll_until<T>(
+    deadline: Instant,
+    nap: Duration,
+    mut ready: impl FnMut() -> Result<Option<T>>,
+    what: impl FnOnce() -> String,
+) -> Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = ready()? {
+            return Ok(v);
         }
         let now = Instant::now();
         let Some(left) = deadline
@@ -38,11 +65,11 @@ pub fn wait_at_least(
             .filter(|d| !d.is_zero())
         else {
             return Err(Error::Timeout {
-                waiting_for: format!("{} (counter at {v}, waiting for {target})", what()),
+                waiting_for: what(),
                 after: now.saturating_duration_since(start),
             });
         };
-        std::thread::sleep(left.min(NAP));
+        std::thread::sleep(left.min(nap));
     }
 }
 

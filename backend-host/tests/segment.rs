@@ -3,7 +3,10 @@
 //! Every wait has a deadline; the child process is killed if it outlives
 //! its own.
 
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::Reap;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ringcc_core::fifo::{can_send, slot_of, FifoGeometry, STEPS};
@@ -209,18 +212,6 @@ fn names_differ_per_token_and_never_contain_it() {
         SegmentName::new(a, Rank(1), ChannelId(0)),
         SegmentName::new(a, Rank(2), ChannelId(0))
     );
-}
-
-/// Kills the child if the test fails before it exits.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 #[test]

@@ -4,7 +4,10 @@
 //! every output element against the core's reference (`verify`). Every
 //! wait has a deadline: children are killed when the parent gives up.
 
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::Reap;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ringcc_core::fifo::FifoGeometry;
@@ -30,19 +33,6 @@ fn rand_suffix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     t ^ (t >> 17)
-}
-
-/// Kills a child that is still running when dropped (a failed assert
-/// must not leave ranks behind).
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// What one rank process reported.
