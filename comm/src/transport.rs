@@ -1,0 +1,162 @@
+//! What a transport provides: the two ends of one connection (a rank to
+//! its ring successor on one channel) and the steps that connect them.
+//!
+//! A connection is the core's FIFO ([`ringcc_core::fifo`]): `STEPS` slots
+//! of [`FifoGeometry::slot_bytes`], a `tail` the sender posts after the
+//! bytes, a `head` the receiver posts to return credit, and the call
+//! header delivered before the first slice of each call. Where the slots
+//! live and how the counters travel is the transport's business:
+//!
+//! | transport | receiver's slots | `tail` / header | `head` (credit) |
+//! |---|---|---|---|
+//! | shared memory | the receiver's segment, mapped by both | atomics in the segment | an atomic in the segment |
+//! | TCP | the receiver's memory, filled by its reader thread | frames (checked header) | a credit frame back |
+//! | RDMA | the receiver's registered FIFO | WRITE_WITH_IMM | a small RDMA WRITE |
+//!
+//! The communicator's one drive loop turns [`RecvEnd::poll`] and
+//! [`SendEnd::poll`] into the engine's events and the engine's actions
+//! into [`RecvEnd::slot`] / [`SendEnd::slot_mut`] (the host executor
+//! reduces straight from the incoming slot into the outgoing one),
+//! [`SendEnd::post`] and [`RecvEnd::post_head`]. An end never blocks for
+//! longer than a transport-level write needs.
+//!
+//! Connecting is three phases over every hop of the job, so that no
+//! transport needs its peer to call in a particular order: every rank
+//! first [`listen`](Transport::listen)s for each hop it receives, then
+//! (after a store barrier) [`connect`](Transport::connect)s each hop it
+//! sends, then [`accept`](Transport::accept)s each hop it receives.
+//! `connect` may wait only for what the peer did in `listen` or
+//! [`publish`](Transport::publish).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::prim::SlotSpan;
+use ringcc_core::progress::Event;
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
+use ringcc_core::{ChannelId, Rank, SlotIndex};
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// The receiving end of a connection (the predecessor's slices arrive
+/// here).
+pub trait RecvEnd: Send {
+    /// The next thing that arrived and was not reported yet: a
+    /// [`Event::Header`] before the [`Event::Tail`] that covers its step,
+    /// `Tail` values increasing. `None` when nothing new arrived. A peer
+    /// that went away or broke the protocol is an error.
+    fn poll(&mut self) -> Result<Option<Event>>;
+
+    /// The first `len` bytes of `slot`. Valid to read while the step the
+    /// slot holds is below the last `tail` reported and not yet credited
+    /// back; `len` beyond the slot is an error.
+    fn slot(&self, slot: SlotIndex, len: usize) -> Result<&[u8]>;
+
+    /// Returns credit: every step below `head` is consumed and its slot
+    /// may be written again.
+    fn post_head(&mut self, head: u64) -> Result<()>;
+}
+
+/// The sending end of a connection (our slices leave here).
+pub trait SendEnd: Send {
+    /// The successor's credit that was not reported yet, as
+    /// [`Event::Head`]; `None` when nothing new arrived.
+    fn poll(&mut self) -> Result<Option<Event>>;
+
+    /// The first `len` bytes of `slot`, to write a slice into (the
+    /// successor's own slot where the transport maps it, else a staging
+    /// slot). Valid for a step the successor has credited.
+    fn slot_mut(&mut self, slot: SlotIndex, len: usize) -> Result<&mut [u8]>;
+
+    /// Publishes the slice written at `span`: the call header of call
+    /// `seq` first when given, then the `bytes` written into the span's
+    /// slots (each slot full but the last), then `tail = span.end()`.
+    fn post(
+        &mut self,
+        seq: u64,
+        span: SlotSpan,
+        header: Option<&[u8; CALL_HEADER_LEN]>,
+        bytes: usize,
+    ) -> Result<()>;
+}
+
+/// One connection of a job: `sender` → `receiver` on `channel`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hop {
+    /// The channel (ring).
+    pub channel: ChannelId,
+    /// The sending rank.
+    pub sender: Rank,
+    /// The receiving rank (the sender's successor on the ring).
+    pub receiver: Rank,
+}
+
+/// What each rank publishes about itself before the job connects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    /// The rank.
+    pub rank: u32,
+    /// The node (host) it runs on: `RINGCC_NODE`, else the host name.
+    /// Ranks of one node may share memory.
+    pub node: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Per transport this rank can use, what peers need to reach it
+    /// (an address, …). A transport missing here is not available at
+    /// this rank (absent, or disabled by its environment).
+    pub transports: BTreeMap<String, serde_json::Value>,
+}
+
+/// What every step of connecting knows about the job.
+#[derive(Clone, Copy, Debug)]
+pub struct Job<'a> {
+    /// The job token (segment names, hellos).
+    pub token: &'a str,
+    /// This rank.
+    pub rank: Rank,
+    /// Number of ranks.
+    pub world: u32,
+    /// Every connection's FIFO.
+    pub geometry: FifoGeometry,
+    /// Connecting fails after this.
+    pub deadline: Instant,
+    /// Every rank's published info, by rank.
+    pub peers: &'a [PeerInfo],
+}
+
+impl Job<'_> {
+    /// The published info of `rank`.
+    pub fn peer(&self, rank: Rank) -> Option<&PeerInfo> {
+        self.peers.get(rank.0 as usize)
+    }
+}
+
+/// A way of connecting ranks. One value per communicator; it keeps what
+/// the connecting phases share (a listener, pending segments).
+pub trait Transport: Send {
+    /// Its name in the banner, in `PeerInfo::transports` and in the
+    /// overrides (`shm`, `tcp`, `verbs`).
+    fn name(&self) -> &'static str;
+
+    /// What this rank publishes for it (an address to connect to, …), or
+    /// `None` when it cannot be used here. Called once, before any
+    /// other step.
+    fn publish(&mut self, token: &str, rank: Rank) -> Result<Option<serde_json::Value>>;
+
+    /// Whether it can join `a` and `b`, given what both published (both
+    /// published something for it; e.g. shared memory: the same node).
+    /// Must be symmetric: both ends decide alike.
+    fn reaches(&self, a: &PeerInfo, b: &PeerInfo) -> bool;
+
+    /// Receiver, phase 1: make `hop` ready to be connected to.
+    fn listen(&mut self, job: &Job<'_>, hop: Hop) -> Result<()>;
+
+    /// Sender, phase 2: the sending end of `hop`.
+    fn connect(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn SendEnd>>;
+
+    /// Receiver, phase 3: the receiving end of `hop`, once its sender has
+    /// connected.
+    fn accept(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn RecvEnd>>;
+}
