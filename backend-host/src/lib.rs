@@ -27,6 +27,7 @@ mod map;
 mod name;
 mod segment;
 pub mod shm;
+pub mod tcp;
 pub mod wait;
 
 pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! The TCP transport (being written).
