@@ -141,35 +141,59 @@ impl Error {
             _ => None,
         }
     }
-
-    /// The core engine's error as this crate's (the one place they are
-    /// mapped); the engine's ticks are nanoseconds.
-    pub(crate) fn engine(e: ringcc_core::progress::EngineError) -> Error {
-        use ringcc_core::progress::EngineError;
-        match e {
-            EngineError::Machine {
-                channel,
-                during,
-                source,
-            } => Error::Core {
-                channel: Some(channel),
-                call: during,
-                source,
-            },
-            EngineError::Timeout(s) => Error::Timeout {
-                waiting_for: format!(
-                    "rank {} call {}: channel {} waits for {} ({} channel(s) open)",
-                    s.rank, s.seq, s.channel, s.blocked, s.open
-                ),
-                after: Duration::from_nanos(s.waited),
-            },
-            EngineError::Aborted | EngineError::Poisoned => Error::Poisoned {
-                cause: format!("the progress engine stopped earlier ({e})"),
-            },
-            other => Error::Internal(format!("progress engine: {other}")),
-        }
-    }
 }
 
 /// This crate's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for ringcc_comm::Error {
+    /// The communicator's error for a shared-memory failure: the shared
+    /// variant where one exists, else [`ringcc_comm::Error::Transport`]
+    /// with this crate's error as the source (downcast to get it back).
+    fn from(e: Error) -> Self {
+        use ringcc_comm::Error as C;
+        match e {
+            Error::BadConfig(s) => C::BadConfig(s),
+            Error::Timeout { waiting_for, after } => C::Timeout { waiting_for, after },
+            Error::Stranger {
+                segment,
+                ours,
+                found,
+            } => C::Stranger {
+                at: segment,
+                reason: format!(
+                    "the segment belongs to another job (token hash {found:016x}, ours {ours:016x})"
+                ),
+            },
+            Error::Core {
+                channel,
+                call,
+                source,
+            } => C::Core {
+                channel,
+                call,
+                source,
+            },
+            Error::BadBuffer {
+                which,
+                expected,
+                got,
+            } => C::BadBuffer {
+                which,
+                expected,
+                got,
+            },
+            Error::Poisoned { cause } => C::Poisoned { cause },
+            other => C::Transport {
+                transport: "shm",
+                call: match &other {
+                    Error::Shm { call, .. } => call,
+                    Error::BadSegment { .. } => "segment check",
+                    Error::SlotOverflow { .. } | Error::NoSuchSlot { .. } => "slot access",
+                    _ => "shared memory",
+                },
+                source: Box::new(other),
+            },
+        }
+    }
+}

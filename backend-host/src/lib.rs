@@ -15,8 +15,9 @@
 //! slot copies bounded by the slot size), [`wait`] (bounded spin-then-nap
 //! waits with a deadline). Names come from [`SegmentName`]: a hash of the
 //! job token, the receiving rank and the channel. Where the bytes live is
-//! computed once, by [`Layout`]. [`ShmRank`] is the transport on top: one
-//! rank's calls over its segments, driven by the core's progress engine.
+//! computed once, by [`Layout`]. [`ShmTransport`] is the communicator's
+//! transport on top (`ringcc_comm::transport`): its ends lend the
+//! executor the slots in place and post the counters.
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -34,4 +35,4 @@ pub use error::{Error, Result};
 pub use layout::{Layout, LAYOUT_VERSION, MAGIC};
 pub use name::{token_hash, SegmentName};
 pub use segment::{Segment, SlotRef};
-pub use shm::{ShmConfig, ShmRank};
+pub use shm::{ShmRecv, ShmSend, ShmTransport};

@@ -425,7 +425,7 @@ pub struct SlotRef<'a> {
     _segment: std::marker::PhantomData<&'a Segment>,
 }
 
-impl SlotRef<'_> {
+impl<'a> SlotRef<'a> {
     /// Which slot.
     pub fn index(&self) -> SlotIndex {
         self.index
@@ -460,6 +460,44 @@ impl SlotRef<'_> {
         // this slot until we post a `tail` past its step.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr, data.len()) };
         Ok(())
+    }
+
+    /// The first `len` bytes of the slot as a slice, for the executor to
+    /// read in place (receiver side). More than
+    /// [`capacity`](Self::capacity) bytes is [`Error::SlotOverflow`].
+    ///
+    /// # Safety
+    /// The caller holds the slot by the credit protocol for `'a`: a `tail`
+    /// past its step was loaded (acquire) and no `head` past it was posted
+    /// yet, so the sender does not write it meanwhile. A peer that breaks
+    /// the protocol can still change the bytes under the slice; it is
+    /// the caller's promise that it runs only with its own job's peers.
+    pub unsafe fn as_slice(&self, len: usize) -> Result<&'a [u8]> {
+        self.check(len)?;
+        // SAFETY: `len <= capacity` bytes inside the mapping, which
+        // outlives `'a`; no writer touches them while the caller holds
+        // the slot (the function's contract).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.cast_const(), len) })
+    }
+
+    /// The first `len` bytes of the slot as a mutable slice, for the
+    /// executor to write in place (sender side). More than
+    /// [`capacity`](Self::capacity) bytes is [`Error::SlotOverflow`].
+    ///
+    /// # Safety
+    /// The caller holds the slot by the credit protocol for `'a`: the
+    /// receiver posted a `head` that frees its step and no `tail` past it
+    /// was posted yet, so the receiver does not read it meanwhile; and no
+    /// other slice into the same slot is alive.
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "the slot is shared memory owned by the protocol, not by `self`"
+    )]
+    pub unsafe fn as_mut_slice(&self, len: usize) -> Result<&'a mut [u8]> {
+        self.check(len)?;
+        // SAFETY: as in `as_slice`, with the roles swapped; the caller
+        // promises this is the only live slice into the slot.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, len) })
     }
 
     /// Copies the first `out.len()` bytes of the slot into `out` (receiver

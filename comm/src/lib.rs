@@ -20,9 +20,25 @@
 //! progress thread, groups, split, abort, close).
 #![deny(missing_docs)]
 
+mod abort;
+mod buffer;
+mod comm;
+mod connect;
+mod drive;
+mod element;
 mod error;
+mod exec;
 pub mod launch;
+pub mod net;
+mod options;
+mod ring;
 pub mod store;
 pub mod transport;
+mod work;
 
+pub use comm::{Communicator, Group, Transports};
+pub use element::Element;
 pub use error::{BoxError, Error, Result};
+pub use options::Options;
+pub use ring::RingOrderOf;
+pub use work::Work;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+pub mod abort;
 pub mod tcp;
 
 /// The key under which a job's abort notice is published (never

@@ -1,0 +1,119 @@
+//! Ranks as threads of one process over shared memory, bootstrapped
+//! through an in-memory store: the communicator's loop, executor and
+//! queue without process start-up (the multi-process tests are in
+//! `comm_ranks.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringcc_comm::store::{MemStore, Store};
+use ringcc_comm::transport::Transport;
+use ringcc_comm::{Communicator, Error, Options, Transports};
+use ringcc_core::{Call, DataType, Rank, ReduceOp};
+use ringcc_host::ShmTransport;
+
+fn shm_only() -> Transports {
+    Arc::new(|| vec![Box::new(ShmTransport::new()) as Box<dyn Transport>])
+}
+
+fn token(what: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("comm-threads-{what}-{}-{t}", std::process::id())
+}
+
+/// Runs `f` on `ranks` communicators, one thread each.
+fn ranks<T: Send + 'static>(
+    what: &str,
+    n: u32,
+    options: Options,
+    f: impl Fn(Communicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let t = token(what);
+    let f = Arc::new(f);
+    let threads: Vec<_> = (0..n)
+        .map(|r| {
+            let (store, t, o, f) = (Arc::clone(&store), t.clone(), options.clone(), Arc::clone(&f));
+            std::thread::spawn(move || {
+                let c = Communicator::new(Rank(r), n, store, &t, o, shm_only()).unwrap();
+                f(c)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn typed_collectives_on_threads() {
+    let out = ranks("typed", 3, Options::default(), |c| {
+        let r = c.rank().0 as f32;
+        let mut a = vec![r + 1.0; 100_003];
+        c.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+        assert!(a.iter().all(|&x| x == 6.0));
+        let input: Vec<i64> = (0..3 * 1000).map(|i| i + c.rank().0 as i64).collect();
+        let mut rs = vec![0i64; 1000];
+        c.reduce_scatter(&input, &mut rs, ReduceOp::Sum).unwrap();
+        let b = c.rank().0 as i64;
+        assert!(rs.iter().enumerate().all(|(i, &x)| x == 3 * (b * 1000 + i as i64) + 3));
+        let mut g = vec![0u32; 3 * 5];
+        c.all_gather(&[c.rank().0; 5], &mut g).unwrap();
+        assert_eq!(g, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]);
+        c.barrier().unwrap();
+        c.close().unwrap();
+    });
+    assert_eq!(out.len(), 3);
+}
+
+#[test]
+fn a_wrong_buffer_is_refused_and_the_communicator_still_works() {
+    ranks("buffer", 2, Options::default(), |c| {
+        let call = Call::all_reduce(10, DataType::F32, ReduceOp::Sum);
+        let mut out = vec![0u8; 40];
+        let e = c.run(&call, &[0u8; 39], &mut out).unwrap_err();
+        assert!(
+            matches!(e, Error::BadBuffer { which: "input", expected: 40, got: 39 }),
+            "{e}"
+        );
+        let e = c.run_in_place(&call, &mut [0u8; 8]).unwrap_err();
+        assert!(matches!(e, Error::BadBuffer { which: "in-place", .. }), "{e}");
+        let mut x = [1u32; 7];
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x, [2; 7]);
+    });
+}
+
+#[test]
+fn settings_that_differ_across_ranks_are_refused() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let t = token("settings");
+    let threads: Vec<_> = (0..2u32)
+        .map(|r| {
+            let (store, t) = (Arc::clone(&store), t.clone());
+            std::thread::spawn(move || {
+                let o = Options {
+                    channels: 1 + r as u8,
+                    timeout: Duration::from_secs(5),
+                    ..Options::default()
+                };
+                Communicator::new(Rank(r), 2, store, &t, o, shm_only()).map(|_| ())
+            })
+        })
+        .collect();
+    for t in threads {
+        let e = t.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::BadConfig(_)), "{e}");
+    }
+}
+
+#[test]
+fn a_chunk_the_fifo_cannot_hold_is_refused() {
+    let o = Options {
+        chunk_bytes: 64 << 20,
+        ..Options::default()
+    };
+    let e = Communicator::new(Rank(0), 1, Arc::new(MemStore::new()), "x", o, shm_only())
+        .unwrap_err();
+    assert!(matches!(e, Error::BadConfig(_)), "{e}");
+}

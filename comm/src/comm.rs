@@ -1,0 +1,660 @@
+//! The per-rank [`Communicator`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ringcc_core::{Call, Collective, DataType, Rank, ReduceOp};
+use tracing::{debug, warn};
+
+use crate::abort::AbortState;
+use crate::connect::{connect, gather};
+use crate::drive::{DriveConfig, Ring};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::options::Options;
+use crate::store::{abort as notice, PrefixStore, Store, ABORT_KEY};
+use crate::transport::{PeerInfo, Transport};
+use crate::work::{lock, Job, Queue, RawBufs, Work};
+
+/// Makes the transports a communicator may use, in order of preference
+/// (the first that reaches a hop carries it). Called once per
+/// communicator (a split makes new ones).
+pub type Transports = Arc<dyn Fn() -> Vec<Box<dyn Transport>> + Send + Sync>;
+
+/// How often the watcher looks for the job's abort notice.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+
+/// Store failures in a row after which the watcher takes the store (rank
+/// 0's process, for the built-in one) for dead and aborts.
+const STORE_FAILURES: u32 = 5;
+
+struct Shared {
+    rank: Rank,
+    world: u32,
+    ring: Mutex<Ring>,
+    queue: Mutex<Queue>,
+    queued: Condvar,
+    abort: Arc<AbortState>,
+    store: Arc<dyn Store>,
+}
+
+impl Shared {
+    /// Runs queued calls front to back, until `until` is done (or the
+    /// queue is empty). The caller holds the ring.
+    fn run_queue(&self, ring: &mut Ring, until: Option<&Arc<Job>>) {
+        loop {
+            if until.is_some_and(|j| j.is_done()) {
+                return;
+            }
+            let Some(job) = lock(&self.queue).jobs.pop_front() else {
+                return;
+            };
+            // SAFETY: the queue's contract (`RawBufs`): whoever queued the
+            // job keeps its memory valid and untouched until it is done,
+            // which is after this returns.
+            let r = match unsafe { job.bufs.buffers(&job.call, self.world, self.rank.0) } {
+                Ok(mut bufs) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    ring.run(&job.call, &mut bufs)
+                }))
+                .unwrap_or_else(|_| {
+                    let e = Error::Internal("a call panicked".into());
+                    ring.poison(e.to_string());
+                    Err(e)
+                }),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = &r {
+                self.tell_everyone(e);
+            }
+            job.finish(r);
+        }
+    }
+
+    /// A failure of this rank's call becomes the job's abort notice (so
+    /// every rank stops within a watcher period, not at its deadline),
+    /// unless it is a refused buffer (nothing started) or an abort
+    /// already.
+    fn tell_everyone(&self, e: &Error) {
+        if matches!(
+            e,
+            Error::Aborted { .. } | Error::BadBuffer { .. } | Error::Poisoned { .. }
+        ) {
+            return;
+        }
+        let reason = format!("rank {} failed: {e}", self.rank);
+        self.abort.set(Some(self.rank), reason.clone());
+        if let Err(se) = self
+            .store
+            .set(ABORT_KEY, &notice::notice(Some(self.rank), &reason))
+        {
+            warn!("rank {}: could not publish the abort notice: {se}", self.rank);
+        }
+    }
+}
+
+/// One rank of a job. Calls may come from any thread; they run in the
+/// order they were issued. See the crate docs.
+pub struct Communicator {
+    shared: Arc<Shared>,
+    token: String,
+    options: Options,
+    transports: Transports,
+    peers: Vec<PeerInfo>,
+    hops: Vec<(&'static str, &'static str)>,
+    splits: AtomicU64,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.shared.rank)
+            .field("world", &self.shared.world)
+            .field("hops", &self.hops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    /// Joins the job of `token` as `rank` of `world`, bootstrapping over
+    /// `store` (every rank hands in a store reaching the same keys).
+    pub fn new(
+        rank: Rank,
+        world: u32,
+        store: Arc<dyn Store>,
+        token: &str,
+        options: Options,
+        transports: Transports,
+    ) -> Result<Communicator> {
+        options.validate()?;
+        if world == 0 || rank.0 >= world || world as usize > ringcc_core::MAX_RANKS as usize {
+            return Err(Error::BadConfig(format!(
+                "rank {rank} of {world} ranks (at most {})",
+                ringcc_core::MAX_RANKS
+            )));
+        }
+        let mut ts = transports();
+        let connected = match connect(&*store, token, rank, world, &options, &mut ts) {
+            Ok(c) => c,
+            Err(e) => {
+                let reason = format!("rank {rank} failed to connect: {e}");
+                let _ = store.set(ABORT_KEY, &notice::notice(Some(rank), &reason));
+                return Err(e);
+            }
+        };
+        let abort = Arc::new(AbortState::default());
+        let drive = DriveConfig {
+            geometry: options.geometry,
+            chunk_bytes: options.chunk_bytes,
+            timeout: options.timeout,
+            spin: options.spin,
+        };
+        let ring = Ring::new(
+            rank,
+            connected.order,
+            drive,
+            options.channels,
+            connected.links,
+            Arc::clone(&abort),
+        );
+        // The transports' listeners are no longer needed.
+        drop(ts);
+        let shared = Arc::new(Shared {
+            rank,
+            world,
+            ring: Mutex::new(ring),
+            queue: Mutex::new(Queue::default()),
+            queued: Condvar::new(),
+            abort,
+            store,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = vec![
+            spawn("ringcc-progress", {
+                let s = Arc::clone(&shared);
+                move || progress(&s)
+            })?,
+            spawn("ringcc-watch", {
+                let (s, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+                move || watch(&s, &stop)
+            })?,
+        ];
+        debug!(rank = rank.0, world, hops = ?connected.hops, "communicator ready");
+        Ok(Communicator {
+            shared,
+            token: token.to_owned(),
+            options,
+            transports,
+            peers: connected.peers,
+            hops: connected.hops,
+            splits: AtomicU64::new(0),
+            stop,
+            threads,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.shared.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> u32 {
+        self.shared.world
+    }
+
+    /// The settings in use.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Every rank's published info (node, pid, transports), by rank.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    /// Per channel, the transports of this rank's outgoing and incoming
+    /// hops (`("shm", "tcp")`, …); empty for a job of one rank.
+    pub fn hops(&self) -> &[(&'static str, &'static str)] {
+        &self.hops
+    }
+
+    /// Calls completed so far.
+    pub fn calls(&self) -> u64 {
+        lock(&self.shared.ring).calls()
+    }
+
+    /// Runs `call` out of place on bytes (`input` and `output` of
+    /// [`Call::buffer_bytes`]), blocking until it is done.
+    pub fn run(&self, call: &Call, input: &[u8], output: &mut [u8]) -> Result<()> {
+        self.blocking(*call, RawBufs::apart(input, output))
+    }
+
+    /// Runs `call` in place in `buf` (NCCL's layout:
+    /// [`Call::in_place_offsets`]), blocking until it is done.
+    pub fn run_in_place(&self, call: &Call, buf: &mut [u8]) -> Result<()> {
+        self.blocking(*call, RawBufs::in_place(buf))
+    }
+
+    fn blocking(&self, call: Call, bufs: RawBufs) -> Result<()> {
+        let job = Job::new(call, bufs, None);
+        lock(&self.shared.queue).jobs.push_back(Arc::clone(&job));
+        {
+            let mut ring = lock(&self.shared.ring);
+            self.shared.run_queue(&mut ring, Some(&job));
+        }
+        // Done: by this thread or, before it got the ring, by another.
+        job.wait()
+    }
+
+    /// Queues `call` out of place on owned buffers; [`Work::wait`] hands
+    /// them back.
+    pub fn submit<T: Element>(
+        &self,
+        call: Call,
+        input: Vec<T>,
+        mut output: Vec<T>,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>> {
+        let bufs = RawBufs::apart(
+            bytemuck::cast_slice(&input),
+            bytemuck::cast_slice_mut(&mut output),
+        );
+        // Moving the vectors moves no element: the pointers stay valid.
+        Ok(self.queue(call, bufs, Box::new((input, output))))
+    }
+
+    /// Queues `call` in place on an owned buffer; [`Work::wait`] hands
+    /// it back.
+    pub fn submit_in_place<T: Element>(&self, call: Call, mut buf: Vec<T>) -> Result<Work<Vec<T>>> {
+        let bufs = RawBufs::in_place(bytemuck::cast_slice_mut(&mut buf));
+        Ok(self.queue(call, bufs, Box::new(buf)))
+    }
+
+    fn queue<B: 'static>(
+        &self,
+        call: Call,
+        bufs: RawBufs,
+        owned: Box<dyn std::any::Any + Send>,
+    ) -> Work<B> {
+        let job = Job::new(call, bufs, Some(owned));
+        lock(&self.shared.queue).jobs.push_back(Arc::clone(&job));
+        self.shared.queued.notify_one();
+        Work::new(job)
+    }
+
+    /// Several calls started together and waited for together (NCCL's
+    /// `ncclGroupStart` … `ncclGroupEnd`): `f` adds calls to the group;
+    /// they are queued at once when it returns, and this returns when all
+    /// are done, with the first failure.
+    pub fn group<'b>(&self, f: impl FnOnce(&mut Group<'b>) -> Result<()>) -> Result<()> {
+        let mut g = Group {
+            world: self.shared.world,
+            rank: self.shared.rank.0,
+            jobs: Vec::new(),
+            _buffers: std::marker::PhantomData,
+        };
+        f(&mut g)?;
+        let Some(last) = g.jobs.last().cloned() else {
+            return Ok(());
+        };
+        lock(&self.shared.queue).jobs.extend(g.jobs.iter().cloned());
+        {
+            let mut ring = lock(&self.shared.ring);
+            self.shared.run_queue(&mut ring, Some(&last));
+        }
+        let mut first = Ok(());
+        for j in &g.jobs {
+            let r = j.wait();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Waits until every rank has reached this point (an AllReduce of
+    /// one byte).
+    pub fn barrier(&self) -> Result<()> {
+        let mut b = [0u8; 1];
+        self.run_in_place(&Call::all_reduce(1, DataType::U8, ReduceOp::Sum), &mut b)
+    }
+
+    /// Splits the ranks by `color` (as `ncclCommSplit` / MPI_Comm_split):
+    /// the ranks that give the same color form a new communicator, ranked
+    /// by `(key, old rank)`; `None` joins none and gets `None`. Every rank
+    /// must call it.
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        let n = self.splits.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.options.timeout;
+        let mine = format!("{}:{key}", color.map_or(-1, i64::from));
+        let all = gather(
+            &*self.shared.store,
+            &format!("split/{n}"),
+            (self.rank(), mine.as_bytes()),
+            self.world_size(),
+            deadline,
+        )?;
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut members = Vec::new();
+        for (r, v) in all.iter().enumerate() {
+            let s = String::from_utf8_lossy(v);
+            let (c, k) = s
+                .split_once(':')
+                .and_then(|(c, k)| Some((c.parse::<i64>().ok()?, k.parse::<u32>().ok()?)))
+                .ok_or_else(|| Error::Store {
+                    call: "get",
+                    key: format!("split/{n}/{r}"),
+                    source: format!("not a split request: {s:?}").into(),
+                })?;
+            if c == i64::from(color) {
+                members.push((k, r as u32));
+            }
+        }
+        members.sort_unstable();
+        let new_rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank().0)
+            .ok_or_else(|| Error::Internal("this rank is missing from its split".into()))?;
+        let prefix = format!("split{n}/c{color}");
+        let store = Arc::new(PrefixStore::new(Arc::clone(&self.shared.store), &prefix));
+        Communicator::new(
+            Rank(new_rank as u32),
+            members.len() as u32,
+            store,
+            &format!("{}/{prefix}", self.token),
+            self.options.clone(),
+            Arc::clone(&self.transports),
+        )
+        .map(Some)
+    }
+
+    /// Aborts the job: every rank's current and later calls fail with
+    /// [`Error::Aborted`] naming this rank and `reason` (within the
+    /// watcher's period, through the store). Returns at once.
+    pub fn abort(&self, reason: &str) {
+        let reason = format!("rank {} aborted: {reason}", self.rank());
+        self.shared.abort.set(Some(self.rank()), reason.clone());
+        if let Err(e) = self
+            .shared
+            .store
+            .set(ABORT_KEY, &notice::notice(Some(self.rank()), &reason))
+        {
+            warn!("rank {}: could not publish the abort: {e}", self.rank());
+        }
+    }
+
+    /// Finishes the queued calls, stops the progress and watcher threads
+    /// and closes every connection. The first failure of a queued call
+    /// nobody waited for is returned.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let mut first = Ok(());
+        {
+            let mut ring = lock(&self.shared.ring);
+            let pending: Vec<_> = lock(&self.shared.queue).jobs.iter().cloned().collect();
+            self.shared.run_queue(&mut ring, None);
+            for j in pending {
+                if let (Err(e), true) = (j.wait(), first.is_ok()) {
+                    first = Err(e);
+                }
+            }
+            ring.close();
+        }
+        lock(&self.shared.queue).stop = true;
+        self.shared.queued.notify_all();
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                first = first.and(Err(Error::Internal("a communicator thread panicked".into())));
+            }
+        }
+        first
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            if let Err(e) = self.shutdown() {
+                debug!("communicator dropped after a failure: {e}");
+            }
+        }
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|source| Error::Io {
+            call: "spawn",
+            source,
+        })
+}
+
+/// The progress thread: runs queued asynchronous calls when no caller
+/// holds the ring.
+fn progress(s: &Shared) {
+    loop {
+        {
+            let mut q = lock(&s.queue);
+            while q.jobs.is_empty() && !q.stop {
+                q = s.queued.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            if q.stop {
+                return;
+            }
+        }
+        let mut ring = lock(&s.ring);
+        s.run_queue(&mut ring, None);
+    }
+}
+
+/// The watcher thread: turns the job's abort notice in the store (or the
+/// store's disappearance) into this rank's abort state.
+fn watch(s: &Shared, stop: &AtomicBool) {
+    let mut failures = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        match s.store.check(ABORT_KEY) {
+            Ok(true) => {
+                let e = s
+                    .store
+                    .get(ABORT_KEY, WATCH_EVERY)
+                    .map_or_else(|e| e, |v| notice::parse_notice(&v));
+                let (rank, reason) = match e {
+                    Error::Aborted { rank, reason } => (rank, reason),
+                    other => (None, other.to_string()),
+                };
+                s.abort.set(rank, reason);
+                return;
+            }
+            Ok(false) => failures = 0,
+            Err(e) => {
+                failures += 1;
+                if failures >= STORE_FAILURES {
+                    s.abort
+                        .set(None, format!("the job's store is unreachable: {e}"));
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(WATCH_EVERY);
+    }
+}
+
+/// The calls of one [`Communicator::group`], borrowing their buffers for
+/// `'b`.
+pub struct Group<'b> {
+    world: u32,
+    rank: u32,
+    jobs: Vec<Arc<Job>>,
+    _buffers: std::marker::PhantomData<&'b mut [u8]>,
+}
+
+impl std::fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("calls", &self.jobs.len())
+            .finish()
+    }
+}
+
+impl<'b> Group<'b> {
+    /// Adds `call` out of place on bytes.
+    pub fn run(&mut self, call: Call, input: &'b [u8], output: &'b mut [u8]) -> Result<()> {
+        let (i, o) = call.buffer_bytes(self.world);
+        check_len("input", i, input.len())?;
+        check_len("output", o, output.len())?;
+        self.jobs
+            .push(Job::new(call, RawBufs::apart(input, output), None));
+        Ok(())
+    }
+
+    /// Adds `call` in place on bytes.
+    pub fn run_in_place(&mut self, call: Call, buf: &'b mut [u8]) -> Result<()> {
+        let (i, o) = call.buffer_bytes(self.world);
+        check_len("in-place", i.max(o), buf.len())?;
+        let _ = self.rank;
+        self.jobs.push(Job::new(call, RawBufs::in_place(buf), None));
+        Ok(())
+    }
+
+    /// Adds an AllReduce in place.
+    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &'b mut [T], op: ReduceOp) -> Result<()> {
+        let call = Call::all_reduce(buf.len() as u64, T::DTYPE, op);
+        self.run_in_place(call, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Adds a Broadcast in place from `root`.
+    pub fn broadcast_in_place<T: Element>(&mut self, buf: &'b mut [T], root: Rank) -> Result<()> {
+        let call = Call::broadcast(buf.len() as u64, T::DTYPE, root);
+        self.run_in_place(call, bytemuck::cast_slice_mut(buf))
+    }
+}
+
+fn check_len(which: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::BadBuffer {
+            which,
+            expected,
+            got,
+        })
+    }
+}
+
+/// The typed collectives (the ten [`Element`] types).
+impl Communicator {
+    fn count_of(&self, len: usize, per_rank: bool, which: &'static str, elem: usize) -> Result<u64> {
+        let w = self.world_size() as usize;
+        if per_rank {
+            if len % w != 0 {
+                return Err(Error::BadBuffer {
+                    which,
+                    expected: (len / w + 1) * w * elem,
+                    got: len * elem,
+                });
+            }
+            Ok((len / w) as u64)
+        } else {
+            Ok(len as u64)
+        }
+    }
+
+    /// AllReduce: `output = input₀ ⊕ … ⊕ inputₙ₋₁`.
+    pub fn all_reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = Call::all_reduce(input.len() as u64, T::DTYPE, op);
+        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// AllReduce in place.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = Call::all_reduce(buf.len() as u64, T::DTYPE, op);
+        self.run_in_place(&call, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// ReduceScatter: rank `b`'s output is block `b` of the reduction
+    /// (`input` holds `world × output.len()` elements).
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = Call::reduce_scatter(output.len() as u64, T::DTYPE, op);
+        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// ReduceScatter in place: `buf` holds `world` blocks; block `rank`
+    /// ends with the result.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.count_of(buf.len(), true, "in-place", size_of::<T>())?;
+        let call = Call::reduce_scatter(count, T::DTYPE, op);
+        self.run_in_place(&call, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// AllGather: block `b` of every output is rank `b`'s input.
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let call = Call::all_gather(input.len() as u64, T::DTYPE);
+        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// AllGather in place: `buf` holds `world` blocks; this rank's input
+    /// is block `rank`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.count_of(buf.len(), true, "in-place", size_of::<T>())?;
+        let call = Call::all_gather(count, T::DTYPE);
+        self.run_in_place(&call, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Broadcast: every output is `root`'s input (other ranks' inputs
+    /// are not read).
+    pub fn broadcast<T: Element>(&self, input: &[T], output: &mut [T], root: Rank) -> Result<()> {
+        let call = Call::broadcast(output.len() as u64, T::DTYPE, root);
+        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// Broadcast in place from `root`.
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: Rank) -> Result<()> {
+        let call = Call::broadcast(buf.len() as u64, T::DTYPE, root);
+        self.run_in_place(&call, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Reduce: `root`'s output is the reduction of every input (other
+    /// ranks' outputs are left as they are).
+    pub fn reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp, root: Rank) -> Result<()> {
+        let call = Call::reduce(input.len() as u64, T::DTYPE, op, root);
+        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// Reduce in place to `root`.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<()> {
+        let call = Call::reduce(buf.len() as u64, T::DTYPE, op, root);
+        self.run_in_place(&call, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// AllReduce in place, asynchronously: [`Work::wait`] hands `buf`
+    /// back with the result.
+    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>> {
+        let call = Call::all_reduce(buf.len() as u64, T::DTYPE, op);
+        self.submit_in_place(call, buf)
+    }
+
+    /// The collective a [`Collective`] names, in place and asynchronously,
+    /// with the count derived from `buf` as the typed calls do.
+    pub fn collective_async<T: Element>(
+        &self,
+        collective: Collective,
+        buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<Vec<T>>> {
+        let per_rank = matches!(collective, Collective::ReduceScatter | Collective::AllGather);
+        let count = self.count_of(buf.len(), per_rank, "in-place", size_of::<T>())?;
+        let call = Call::new(collective, count, T::DTYPE, op);
+        self.submit_in_place(call, buf)
+    }
+}

@@ -1,0 +1,261 @@
+//! Connecting a communicator: publish, learn every rank, pick a transport
+//! per hop, and join every channel's ring in three phases (listen,
+//! connect, accept) separated by store barriers.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::{ChannelId, Rank};
+
+use crate::drive::Link;
+use crate::error::{Error, Result};
+use crate::options::Options;
+use crate::ring::RingOrderOf;
+use crate::store::Store;
+use crate::transport::{Hop, Job, PeerInfo, Transport};
+
+/// What connecting produced.
+pub(crate) struct Connected {
+    pub(crate) order: RingOrderOf,
+    pub(crate) links: Vec<Link>,
+    pub(crate) peers: Vec<PeerInfo>,
+    /// Per channel: the transport of this rank's outgoing and incoming hop.
+    pub(crate) hops: Vec<(&'static str, &'static str)>,
+}
+
+/// Waits until every rank has reached barrier `name` (a counter in the
+/// store, then a key set by the last to arrive).
+pub(crate) fn barrier(store: &dyn Store, name: &str, world: u32, deadline: Instant) -> Result<()> {
+    let n = store.add(&format!("barrier/{name}"), 1)?;
+    let done = format!("barrier/{name}/done");
+    if n >= i64::from(world) {
+        store.set(&done, b"1")?;
+    }
+    store.get(&done, deadline.saturating_duration_since(Instant::now()))?;
+    Ok(())
+}
+
+/// Every rank's published `key/{rank}` value, in rank order.
+pub(crate) fn gather(
+    store: &dyn Store,
+    key: &str,
+    mine: (Rank, &[u8]),
+    world: u32,
+    deadline: Instant,
+) -> Result<Vec<Vec<u8>>> {
+    store.set(&format!("{key}/{}", mine.0), mine.1)?;
+    (0..world)
+        .map(|r| {
+            store.get(
+                &format!("{key}/{r}"),
+                deadline.saturating_duration_since(Instant::now()),
+            )
+        })
+        .collect()
+}
+
+/// The transport for a hop between `a` and `b`: the first, in preference
+/// order, that both published and that reaches between them.
+fn choose(transports: &[Box<dyn Transport>], a: &PeerInfo, b: &PeerInfo) -> Option<usize> {
+    transports.iter().position(|t| {
+        a.transports.contains_key(t.name())
+            && b.transports.contains_key(t.name())
+            && t.reaches(a, b)
+    })
+}
+
+/// The transport of the hop from `a` to `b`, as an error when none
+/// reaches.
+fn pick(
+    transports: &[Box<dyn Transport>],
+    peers: &[PeerInfo],
+    a: Rank,
+    b: Rank,
+) -> Result<usize> {
+    let (Some(pa), Some(pb)) = (peers.get(a.0 as usize), peers.get(b.0 as usize)) else {
+        return Err(Error::Internal(format!("no info for rank {a} or {b}")));
+    };
+    choose(transports, pa, pb).ok_or_else(|| {
+        Error::BadConfig(format!(
+            "no transport reaches from rank {a} (node {}, {:?}) to rank {b} (node {}, {:?})",
+            pa.node,
+            pa.transports.keys().collect::<Vec<_>>(),
+            pb.node,
+            pb.transports.keys().collect::<Vec<_>>()
+        ))
+    })
+}
+
+/// What every rank must agree on, compared across ranks at connect.
+fn settings(o: &Options) -> String {
+    format!(
+        "channels={} slot_bytes={} slots_per_slice={} chunk_bytes={}",
+        o.channels,
+        o.geometry.slot_bytes(),
+        o.geometry.slots_per_slice(),
+        o.chunk_bytes
+    )
+}
+
+/// Connects `rank` of `world` to its ring neighbours on every channel.
+pub(crate) fn connect(
+    store: &dyn Store,
+    token: &str,
+    rank: Rank,
+    world: u32,
+    options: &Options,
+    transports: &mut [Box<dyn Transport>],
+) -> Result<Connected> {
+    let deadline = Instant::now() + options.timeout;
+    // Publish: node, pid and every usable transport's address.
+    let mut published = BTreeMap::new();
+    for t in transports.iter_mut() {
+        if !options.allows(t.name()) {
+            continue;
+        }
+        if let Some(v) = t.publish(token, rank)? {
+            published.insert(t.name().to_owned(), v);
+        }
+    }
+    let me = PeerInfo {
+        rank: rank.0,
+        node: options.node.clone(),
+        pid: std::process::id(),
+        transports: published,
+    };
+    let mine = serde_json::to_vec(&me).map_err(|e| Error::Internal(e.to_string()))?;
+    let peers = gather(store, "peer", (rank, &mine), world, deadline)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| {
+            let p: PeerInfo = serde_json::from_slice(&v).map_err(|e| Error::Store {
+                call: "get",
+                key: format!("peer/{r}"),
+                source: e.into(),
+            })?;
+            if p.rank as usize != r {
+                return Err(Error::BadConfig(format!(
+                    "store key peer/{r} holds rank {}'s info",
+                    p.rank
+                )));
+            }
+            Ok(p)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Every rank must run the same settings.
+    let ours = settings(options);
+    let all = gather(store, "settings", (rank, ours.as_bytes()), world, deadline)?;
+    for (r, s) in all.iter().enumerate() {
+        if s.as_slice() != ours.as_bytes() {
+            return Err(Error::BadConfig(format!(
+                "rank {r} runs {}, rank {rank} runs {ours}",
+                String::from_utf8_lossy(s)
+            )));
+        }
+    }
+    let order = RingOrderOf::by_node(&peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>());
+    let channels = if world > 1 { options.channels } else { 0 };
+    let (next, prev) = (order.next(rank), order.prev(rank));
+    let (t_out, t_in) = if world > 1 {
+        (
+            pick(transports, &peers, rank, next)?,
+            pick(transports, &peers, prev, rank)?,
+        )
+    } else {
+        (0, 0)
+    };
+    let job = Job {
+        token,
+        rank,
+        world,
+        geometry: options.geometry,
+        deadline,
+        peers: &peers,
+    };
+    let hop_in = |c: u8| Hop {
+        channel: ChannelId(c),
+        sender: prev,
+        receiver: rank,
+    };
+    let hop_out = |c: u8| Hop {
+        channel: ChannelId(c),
+        sender: rank,
+        receiver: next,
+    };
+    for c in 0..channels {
+        transports[t_in].listen(&job, hop_in(c))?;
+    }
+    barrier(store, "listen", world, deadline)?;
+    let mut sends = Vec::new();
+    for c in 0..channels {
+        sends.push(transports[t_out].connect(&job, hop_out(c))?);
+    }
+    let mut links = Vec::new();
+    for (c, send) in (0..channels).zip(sends) {
+        let recv = transports[t_in].accept(&job, hop_in(c))?;
+        links.push(Link { recv, send });
+    }
+    barrier(store, "connected", world, deadline)?;
+    let names = (transports[t_out].name(), transports[t_in].name());
+    if rank == Rank(0) && options.debug_info {
+        eprintln!("{}", banner(&peers, &order, options, transports));
+    }
+    Ok(Connected {
+        order,
+        links,
+        peers,
+        hops: vec![names; usize::from(channels)],
+    })
+}
+
+/// The init banner (`RINGCC_DEBUG=INFO`): ranks, nodes, channels, the
+/// ring and each hop's transport.
+fn banner(
+    peers: &[PeerInfo],
+    order: &RingOrderOf,
+    options: &Options,
+    transports: &[Box<dyn Transport>],
+) -> String {
+    let mut nodes: Vec<&str> = Vec::new();
+    for p in peers {
+        if !nodes.contains(&p.node.as_str()) {
+            nodes.push(&p.node);
+        }
+    }
+    let mut s = format!(
+        "ringcc INFO: {} ranks on {} node(s), {} channel(s), FIFO {} x {} B, chunk {} B, timeout {:?}\n\
+         ringcc INFO: ring",
+        peers.len(),
+        nodes.len(),
+        options.channels,
+        ringcc_core::fifo::STEPS,
+        options.geometry.slot_bytes(),
+        options.chunk_bytes,
+        options.timeout,
+    );
+    let ring = order.ranks_in_order();
+    for (i, &r) in ring.iter().enumerate() {
+        let next = ring[(i + 1) % ring.len()];
+        let t = pick(transports, peers, Rank(r), Rank(next))
+            .ok()
+            .and_then(|k| transports.get(k))
+            .map_or("none", |t| t.name());
+        let node = peers.get(r as usize).map_or("?", |p| p.node.as_str());
+        let _ = write!(s, " {r}[{node}] -{t}->");
+    }
+    if let Some(first) = ring.first() {
+        let _ = write!(s, " {first}");
+    }
+    s
+}
+
+/// A FIFO geometry from slot size and slots per slice, as a config error.
+pub(crate) fn geometry(slot_bytes: u64, slots_per_slice: u64) -> Result<FifoGeometry> {
+    FifoGeometry::new(slot_bytes, slots_per_slice).map_err(|source| Error::Core {
+        channel: None,
+        call: "FifoGeometry::new",
+        source,
+    })
+}

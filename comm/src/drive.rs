@@ -1,0 +1,241 @@
+//! The drive loop: one rank's connected ring and the core's progress
+//! engine, turned by the backend's three jobs — the ends' news into
+//! events, the engine's actions into the host executor's work and
+//! counter posts, and the wait.
+//!
+//! Waits spin (a peer's counter typically moves within a few polls when
+//! every rank has a core), then yield the core (more ranks than cores),
+//! then nap; the engine's deadline bounds every call, and a peer that
+//! stops moving is named by the engine's stall report. A job-wide abort
+//! notice (set by the communicator's watcher) fails the call at the next
+//! idle turn.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::prim::Action;
+use ringcc_core::progress::{Channel, Engine, Event};
+use ringcc_core::wire::call_header::CallHeaderRepr;
+use ringcc_core::{Call, ChannelId, Rank};
+
+use crate::abort::AbortState;
+use crate::buffer::Buffers;
+use crate::error::{Error, Result};
+use crate::exec::exec;
+use crate::ring::RingOrderOf;
+use crate::transport::{RecvEnd, SendEnd};
+
+/// Idle polls that only spin before a wait yields the core.
+const SPIN_HOT: u32 = 64;
+
+/// The longest nap of an idle wait.
+const NAP: Duration = Duration::from_micros(50);
+
+/// One channel's two ends.
+pub(crate) struct Link {
+    pub(crate) recv: Box<dyn RecvEnd>,
+    pub(crate) send: Box<dyn SendEnd>,
+}
+
+/// How the loop runs; the same on every rank.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DriveConfig {
+    pub(crate) geometry: FifoGeometry,
+    pub(crate) chunk_bytes: u64,
+    pub(crate) timeout: Duration,
+    /// Idle polls spent spinning and yielding before napping.
+    pub(crate) spin: u32,
+}
+
+/// A connected rank: its engine over every channel and the channels'
+/// ends.
+pub(crate) struct Ring {
+    ranks: u32,
+    order: RingOrderOf,
+    config: DriveConfig,
+    engine: Engine<RingOrderOf, Box<[Channel<RingOrderOf>]>>,
+    /// Per channel (empty for a job of one rank).
+    links: Vec<Link>,
+    t0: Instant,
+    scratch: Vec<u8>,
+    /// The first failure: the ring takes no more calls.
+    failed: Option<String>,
+    abort: Arc<AbortState>,
+}
+
+impl Ring {
+    pub(crate) fn new(
+        rank: Rank,
+        order: RingOrderOf,
+        config: DriveConfig,
+        channels: u8,
+        links: Vec<Link>,
+        abort: Arc<AbortState>,
+    ) -> Ring {
+        let storage = vec![Channel::new(); usize::from(channels)].into_boxed_slice();
+        let timeout = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
+        Ring {
+            ranks: ringcc_core::RingOrder::ranks(&order),
+            order,
+            config,
+            engine: Engine::new(rank, storage, timeout),
+            links,
+            t0: Instant::now(),
+            scratch: Vec::new(),
+            failed: None,
+            abort,
+        }
+    }
+
+    /// Calls completed so far.
+    pub(crate) fn calls(&self) -> u64 {
+        self.engine.seq()
+    }
+
+    /// Marks the ring failed (abort): later calls are refused.
+    pub(crate) fn poison(&mut self, cause: String) {
+        self.engine.abort();
+        self.failed.get_or_insert(cause);
+    }
+
+    /// Drops the ends (closing connections and unmapping segments).
+    pub(crate) fn close(&mut self) {
+        self.links.clear();
+    }
+
+    fn ticks(&self) -> u64 {
+        u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs one call to completion (or to its first failure, which
+    /// poisons the ring).
+    pub(crate) fn run(&mut self, call: &Call, bufs: &mut Buffers<'_>) -> Result<()> {
+        if let Some(cause) = &self.failed {
+            return Err(Error::Poisoned {
+                cause: cause.clone(),
+            });
+        }
+        let plan = call
+            .plan(
+                self.ranks,
+                self.links.len().max(1) as u32,
+                self.config.chunk_bytes,
+            )
+            .map_err(|source| Error::Core {
+                channel: None,
+                call: "Plan::new",
+                source,
+            })?;
+        let now = self.ticks();
+        let order = self.order.clone();
+        self.engine
+            .start(now, call, &plan, self.config.geometry, |_| order.clone())
+            .map_err(Error::engine)?;
+        match self.drive(call, bufs) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.poison(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn drive(&mut self, call: &Call, bufs: &mut Buffers<'_>) -> Result<()> {
+        let slot_bytes = usize::try_from(self.config.geometry.slot_bytes())
+            .map_err(|_| Error::Internal("slot size beyond memory".into()))?;
+        let seq = self.engine.seq();
+        let mut idle = 0u32;
+        let mut cursor = 0usize;
+        loop {
+            let mut progressed = false;
+            while let Some((c, action)) = self.engine.poll().map_err(Error::engine)? {
+                progressed = true;
+                match action {
+                    Action::Exec(e) => {
+                        let link = self.links.get_mut(usize::from(c.0));
+                        let (recv, send) = match link {
+                            Some(l) => (Some(&*l.recv), Some(&mut *l.send)),
+                            None => (None, None),
+                        };
+                        let bytes = exec(
+                            c,
+                            &e,
+                            call,
+                            self.ranks,
+                            slot_bytes,
+                            bufs,
+                            recv,
+                            send,
+                            &mut self.scratch,
+                        )?;
+                        if let (Some(span), Some(l)) = (e.send, self.links.get_mut(usize::from(c.0)))
+                        {
+                            let header = e.header.map(|desc| {
+                                CallHeaderRepr {
+                                    desc,
+                                    step: span.step as u32,
+                                }
+                                .to_bytes()
+                            });
+                            l.send.post(seq, span, header.as_ref(), bytes)?;
+                        }
+                        let now = self.ticks();
+                        self.engine
+                            .handle(now, c, Event::ExecDone)
+                            .map_err(Error::engine)?;
+                    }
+                    Action::ReturnCredit { head } => {
+                        if let Some(l) = self.links.get_mut(usize::from(c.0)) {
+                            l.recv.post_head(head)?;
+                        }
+                    }
+                    Action::Done => {}
+                }
+            }
+            if self.engine.is_idle() {
+                return Ok(());
+            }
+            let n = self.links.len();
+            for k in 0..n {
+                let i = (cursor + k) % n;
+                let c = ChannelId(i as u8);
+                let Some(l) = self.links.get_mut(i) else {
+                    continue;
+                };
+                while let Some(event) = l.recv.poll()? {
+                    progressed = true;
+                    let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.engine.handle(now, c, event).map_err(Error::engine)?;
+                }
+                while let Some(event) = l.send.poll()? {
+                    progressed = true;
+                    let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.engine.handle(now, c, event).map_err(Error::engine)?;
+                }
+            }
+            cursor = cursor.wrapping_add(1);
+            if progressed {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if let Some(e) = self.abort.error() {
+                return Err(e);
+            }
+            let now = self.ticks();
+            self.engine.handle_timeout(now).map_err(Error::engine)?;
+            if idle <= SPIN_HOT {
+                std::hint::spin_loop();
+            } else if idle <= self.config.spin {
+                std::thread::yield_now();
+            } else {
+                let left = self
+                    .engine
+                    .poll_timeout()
+                    .map_or(NAP, |due| Duration::from_nanos(due.saturating_sub(now)));
+                std::thread::sleep(left.min(NAP));
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! A communicator's settings, with NCCL-style environment overrides.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `RINGCC_NCHANNELS` | channels (rings), 1..=64 | 2 |
+//! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | 131072 |
+//! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
+//! | `RINGCC_TIMEOUT_MS` | a call fails when nothing moves this long | 30000 |
+//! | `RINGCC_NODE` | this process's node identity (ranks of one node share memory) | the host name |
+//! | `RINGCC_SHM_DISABLE=1` | never use shared memory (as `NCCL_SHM_DISABLE`) | |
+//! | `RINGCC_IB_DISABLE=1` | never use RDMA (as `NCCL_IB_DISABLE`) | |
+//! | `RINGCC_NET` | the one network transport to use between nodes: `tcp` or `verbs` (as `NCCL_NET`) | the first available |
+//! | `RINGCC_DEBUG=INFO` | print the init banner (ranks, nodes, channels, each hop's transport) | |
+
+use std::time::Duration;
+
+use ringcc_core::fifo::FifoGeometry;
+
+use crate::error::{Error, Result};
+
+/// How a communicator runs. The data-path settings (channels, FIFO,
+/// chunk) must be the same on every rank; connecting checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Channels (rings), `1..=64`.
+    pub channels: u8,
+    /// The FIFO of every connection.
+    pub geometry: FifoGeometry,
+    /// The plan's chunk (bytes per rank and step before the last loop
+    /// shrinks it); at most what the FIFO holds less one slice.
+    pub chunk_bytes: u64,
+    /// Connecting and every call fail when nothing moves for this long.
+    pub timeout: Duration,
+    /// Idle polls spent spinning and yielding before a wait naps.
+    pub spin: u32,
+    /// This process's node identity.
+    pub node: String,
+    /// Transports never to use (`shm`, `tcp`, `verbs`).
+    pub disabled: Vec<String>,
+    /// The one network transport to use between nodes, when set.
+    pub net: Option<String>,
+    /// Print the init banner.
+    pub debug_info: bool,
+}
+
+impl Default for Options {
+    /// Two channels, 128 KiB slots with one slot per slice (1 MiB of FIFO
+    /// per connection), 512 KiB chunks (half the FIFO, as NCCL's Simple
+    /// protocol), a 30 s deadline, this host's name as the node.
+    fn default() -> Self {
+        Options {
+            channels: 2,
+            geometry: FifoGeometry::new(128 << 10, 1).unwrap_or_default(),
+            chunk_bytes: 512 << 10,
+            timeout: Duration::from_secs(30),
+            spin: 2000,
+            node: crate::launch::node_name(),
+            disabled: Vec::new(),
+            net: None,
+            debug_info: false,
+        }
+    }
+}
+
+/// Transports that reach only inside a node.
+const LOCAL: [&str; 1] = ["shm"];
+
+impl Options {
+    /// The defaults with the environment's overrides.
+    pub fn from_env() -> Result<Options> {
+        Options::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// The defaults with the overrides `get` returns (testable
+    /// without touching the process environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Options> {
+        let mut o = Options::default();
+        let num = |var: &str| -> Result<Option<u64>> {
+            match get(var) {
+                None => Ok(None),
+                Some(v) if v.trim().is_empty() => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Env {
+                    var: var.to_owned(),
+                    reason: format!("{v:?} is not a number"),
+                }),
+            }
+        };
+        if let Some(c) = num("RINGCC_NCHANNELS")? {
+            o.channels = u8::try_from(c).unwrap_or(u8::MAX);
+        }
+        if let Some(s) = num("RINGCC_SLOT_BYTES")? {
+            o.geometry = crate::connect::geometry(s, 1)?;
+        }
+        if let Some(c) = num("RINGCC_CHUNK_BYTES")? {
+            o.chunk_bytes = c;
+        }
+        if let Some(t) = num("RINGCC_TIMEOUT_MS")? {
+            o.timeout = Duration::from_millis(t);
+        }
+        if let Some(n) = get("RINGCC_NODE").filter(|n| !n.trim().is_empty()) {
+            o.node = n.trim().to_owned();
+        }
+        let on = |var: &str| get(var).is_some_and(|v| v.trim() == "1");
+        if on("RINGCC_SHM_DISABLE") || on("RINGCC_P2P_DISABLE") {
+            o.disabled.push("shm".into());
+        }
+        if on("RINGCC_IB_DISABLE") {
+            o.disabled.push("verbs".into());
+        }
+        if let Some(net) = get("RINGCC_NET").filter(|n| !n.trim().is_empty()) {
+            let net = net.trim().to_ascii_lowercase();
+            let net = if net == "ib" || net == "rdma" {
+                "verbs".to_owned()
+            } else if net == "socket" {
+                "tcp".to_owned()
+            } else {
+                net
+            };
+            if net != "tcp" && net != "verbs" {
+                return Err(Error::Env {
+                    var: "RINGCC_NET".into(),
+                    reason: format!("{net:?} is not a network transport (tcp, verbs)"),
+                });
+            }
+            o.net = Some(net);
+        }
+        o.debug_info = get("RINGCC_DEBUG").is_some_and(|v| {
+            let v = v.trim().to_ascii_uppercase();
+            v == "INFO" || v == "TRACE"
+        });
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// Checks the settings that cannot work.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=64).contains(&self.channels) {
+            return Err(Error::BadConfig(format!(
+                "{} channels: a communicator has 1 to 64",
+                self.channels
+            )));
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes > self.geometry.max_chunk_bytes() {
+            return Err(Error::BadConfig(format!(
+                "a {} B chunk does not fit a {} B FIFO (at most {} B: one slice stays free)",
+                self.chunk_bytes,
+                self.geometry.fifo_bytes(),
+                self.geometry.max_chunk_bytes()
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::BadConfig("a zero timeout".into()));
+        }
+        Ok(())
+    }
+
+    /// Whether transport `name` may be used at all.
+    pub fn allows(&self, name: &str) -> bool {
+        if self.disabled.iter().any(|d| d == name) {
+            return false;
+        }
+        match &self.net {
+            Some(net) => LOCAL.contains(&name) || net == name,
+            None => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(kv: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn environment_overrides_the_defaults() {
+        let o = Options::from_vars(vars(&[
+            ("RINGCC_NCHANNELS", "4"),
+            ("RINGCC_NODE", "n7"),
+            ("RINGCC_SHM_DISABLE", "1"),
+            ("RINGCC_NET", "socket"),
+            ("RINGCC_DEBUG", "info"),
+        ]))
+        .unwrap();
+        assert_eq!(o.channels, 4);
+        assert_eq!(o.node, "n7");
+        assert!(!o.allows("shm"));
+        assert!(o.allows("tcp"));
+        assert!(!o.allows("verbs"));
+        assert!(o.debug_info);
+    }
+
+    #[test]
+    fn bad_values_are_typed_errors() {
+        for kv in [
+            ("RINGCC_NCHANNELS", "many"),
+            ("RINGCC_NCHANNELS", "0"),
+            ("RINGCC_NET", "carrier-pigeon"),
+            ("RINGCC_CHUNK_BYTES", "99999999999"),
+            ("RINGCC_TIMEOUT_MS", "0"),
+        ] {
+            let e = Options::from_vars(vars(&[kv])).unwrap_err();
+            assert!(
+                matches!(e, Error::Env { .. } | Error::BadConfig(_)),
+                "{kv:?}: {e}"
+            );
+        }
+    }
+}
