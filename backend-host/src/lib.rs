@@ -36,3 +36,40 @@ pub use layout::{Layout, LAYOUT_VERSION, MAGIC};
 pub use name::{token_hash, SegmentName};
 pub use segment::{Segment, SlotRef};
 pub use shm::{ShmRecv, ShmSend, ShmTransport};
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringcc_comm::transport::Transport;
+use ringcc_comm::{Communicator, Options, Transports};
+
+/// How long a new TCP connection may take to present its hello.
+pub const TCP_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// This crate's transports, in order of preference: shared memory inside
+/// a node, TCP (bound to `bind_ip`; writes bounded by `timeout`) between
+/// nodes.
+pub fn transports(bind_ip: IpAddr, timeout: Duration) -> Transports {
+    let _ = (bind_ip, timeout);
+    Arc::new(move || {
+        vec![
+            Box::new(ShmTransport::new()) as Box<dyn Transport>,
+            // TCP joins here once `tcp::TcpTransport` lands.
+        ]
+    })
+}
+
+/// The communicator of this process from the launcher's environment
+/// (mpirun, srun, torchrun or `RINGCC_*`: see [`ringcc_comm::launch`]),
+/// with the settings of [`Options::from_env`] and this crate's
+/// transports; TCP binds to `RINGCC_SOCKET_IFNAME`'s address, else the
+/// one that routes toward the store.
+pub fn communicator_from_env() -> ringcc_comm::Result<Communicator> {
+    let launch = ringcc_comm::launch::Launch::from_env()?;
+    let options = Options::from_env()?;
+    let toward = ringcc_comm::resolve(&launch.addr)?;
+    let ip = ringcc_comm::net::bind_ip(Some(toward))?;
+    let timeout = options.timeout;
+    Communicator::from_launch(launch, options, transports(ip, timeout))
+}
