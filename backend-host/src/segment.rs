@@ -489,10 +489,6 @@ impl<'a> SlotRef<'a> {
     /// receiver posted a `head` that frees its step and no `tail` past it
     /// was posted yet, so the receiver does not read it meanwhile; and no
     /// other slice into the same slot is alive.
-    #[expect(
-        clippy::mut_from_ref,
-        reason = "the slot is shared memory owned by the protocol, not by `self`"
-    )]
     pub unsafe fn as_mut_slice(&self, len: usize) -> Result<&'a mut [u8]> {
         self.check(len)?;
         // SAFETY: as in `as_slice`, with the roles swapped; the caller

@@ -109,9 +109,10 @@ impl Transport for ShmTransport {
     }
 
     fn accept(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn RecvEnd>> {
-        let mut seg = self.inboxes.remove(&hop).ok_or_else(|| {
-            CommError::Internal(format!("shm: accept of {hop:?} without listen"))
-        })?;
+        let mut seg = self
+            .inboxes
+            .remove(&hop)
+            .ok_or_else(|| CommError::Internal(format!("shm: accept of {hop:?} without listen")))?;
         let deadline: Instant = job.deadline;
         let seg_ref = &seg;
         crate::wait::poll_until(
@@ -160,7 +161,7 @@ impl Peer {
     /// peer's process is still there.
     fn idle_check(&mut self) -> Result<()> {
         self.idle = self.idle.wrapping_add(1);
-        if self.idle % LIVENESS_EVERY != 0 {
+        if !self.idle.is_multiple_of(LIVENESS_EVERY) {
             return Ok(());
         }
         let Some(pid) = self.pid else {
@@ -208,11 +209,13 @@ impl RecvEnd for ShmRecv {
             if seq != self.header_seen && seq != 0 && seq - 1 < tail {
                 self.header_seen = seq;
                 let bytes = self.seg.read_call_header();
-                let repr = CallHeaderRepr::parse(&CallHeader::new_unchecked(&bytes[..]))
-                    .map_err(|e| CommError::Core {
-                        channel: Some(self.peer.channel),
-                        call: "CallHeaderRepr::parse",
-                        source: ringcc_core::Error::Wire(e),
+                let repr =
+                    CallHeaderRepr::parse(&CallHeader::new_unchecked(&bytes[..])).map_err(|e| {
+                        CommError::Core {
+                            channel: Some(self.peer.channel),
+                            call: "CallHeaderRepr::parse",
+                            source: ringcc_core::Error::Wire(e),
+                        }
                     })?;
                 return Ok(Some(Event::Header {
                     step: seq - 1,

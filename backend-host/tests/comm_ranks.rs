@@ -344,7 +344,9 @@ fn async_suite(comm: Communicator, hops: String) -> Result<String, String> {
     let mut a = vec![rank as i32 + 1; 3000];
     let mut b = vec![0u64; 777];
     if rank == 0 {
-        b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u64 * 3);
+        b.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = i as u64 * 3);
     }
     comm.group(|g| {
         g.all_reduce_in_place(&mut a, ReduceOp::Max)?;
@@ -477,7 +479,11 @@ fn shm_disabled_runs_on_tcp() {
     });
     assert_all_ok(&exits);
     for e in &exits {
-        assert!(e.out.contains("(\"tcp\", \"tcp\")") && !e.out.contains("shm"), "{}", e.out);
+        assert!(
+            e.out.contains("(\"tcp\", \"tcp\")") && !e.out.contains("shm"),
+            "{}",
+            e.out
+        );
     }
 }
 
@@ -497,7 +503,11 @@ fn assert_survivors_fail(exits: &[Exit], dead: usize, what: &str) {
 #[test]
 fn a_killed_rank_fails_the_others_shm() {
     let exits = job_of("killed", 3, 2);
-    assert_eq!(exits[1].code, None, "rank 1 was not killed: {}", exits[1].out);
+    assert_eq!(
+        exits[1].code, None,
+        "rank 1 was not killed: {}",
+        exits[1].out
+    );
     assert_survivors_fail(&exits, 1, "RESULT error");
 }
 
@@ -512,7 +522,11 @@ fn a_killed_rank_fails_the_others_tcp() {
         store_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
         env: &[],
     });
-    assert_eq!(exits[1].code, None, "rank 1 was not killed: {}", exits[1].out);
+    assert_eq!(
+        exits[1].code, None,
+        "rank 1 was not killed: {}",
+        exits[1].out
+    );
     assert_survivors_fail(&exits, 1, "RESULT error");
 }
 

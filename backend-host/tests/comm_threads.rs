@@ -35,7 +35,12 @@ fn ranks<T: Send + 'static>(
     let f = Arc::new(f);
     let threads: Vec<_> = (0..n)
         .map(|r| {
-            let (store, t, o, f) = (Arc::clone(&store), t.clone(), options.clone(), Arc::clone(&f));
+            let (store, t, o, f) = (
+                Arc::clone(&store),
+                t.clone(),
+                options.clone(),
+                Arc::clone(&f),
+            );
             std::thread::spawn(move || {
                 let c = Communicator::new(Rank(r), n, store, &t, o, shm_only()).unwrap();
                 f(c)
@@ -56,7 +61,10 @@ fn typed_collectives_on_threads() {
         let mut rs = vec![0i64; 1000];
         c.reduce_scatter(&input, &mut rs, ReduceOp::Sum).unwrap();
         let b = c.rank().0 as i64;
-        assert!(rs.iter().enumerate().all(|(i, &x)| x == 3 * (b * 1000 + i as i64) + 3));
+        assert!(rs
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == 3 * (b * 1000 + i as i64) + 3));
         let mut g = vec![0u32; 3 * 5];
         c.all_gather(&[c.rank().0; 5], &mut g).unwrap();
         assert_eq!(g, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]);
@@ -73,11 +81,27 @@ fn a_wrong_buffer_is_refused_and_the_communicator_still_works() {
         let mut out = vec![0u8; 40];
         let e = c.run(&call, &[0u8; 39], &mut out).unwrap_err();
         assert!(
-            matches!(e, Error::BadBuffer { which: "input", expected: 40, got: 39 }),
+            matches!(
+                e,
+                Error::BadBuffer {
+                    which: "input",
+                    expected: 40,
+                    got: 39
+                }
+            ),
             "{e}"
         );
         let e = c.run_in_place(&call, &mut [0u8; 8]).unwrap_err();
-        assert!(matches!(e, Error::BadBuffer { which: "in-place", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::BadBuffer {
+                    which: "in-place",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let mut x = [1u32; 7];
         c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
         assert_eq!(x, [2; 7]);
@@ -113,7 +137,7 @@ fn a_chunk_the_fifo_cannot_hold_is_refused() {
         chunk_bytes: 64 << 20,
         ..Options::default()
     };
-    let e = Communicator::new(Rank(0), 1, Arc::new(MemStore::new()), "x", o, shm_only())
-        .unwrap_err();
+    let e =
+        Communicator::new(Rank(0), 1, Arc::new(MemStore::new()), "x", o, shm_only()).unwrap_err();
     assert!(matches!(e, Error::BadConfig(_)), "{e}");
 }

@@ -13,7 +13,9 @@ use crate::connect::{connect, gather};
 use crate::drive::{DriveConfig, Ring};
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::launch::Launch;
 use crate::options::Options;
+use crate::store::tcp::{TcpStore, TcpStoreServer};
 use crate::store::{abort as notice, PrefixStore, Store, ABORT_KEY};
 use crate::transport::{PeerInfo, Transport};
 use crate::work::{lock, Job, Queue, RawBufs, Work};
@@ -22,6 +24,9 @@ use crate::work::{lock, Job, Queue, RawBufs, Work};
 /// (the first that reaches a hop carries it). Called once per
 /// communicator (a split makes new ones).
 pub type Transports = Arc<dyn Fn() -> Vec<Box<dyn Transport>> + Send + Sync>;
+
+/// The counter of ranks that closed the communicator.
+const CLOSED_KEY: &str = "closed";
 
 /// How often the watcher looks for the job's abort notice.
 const WATCH_EVERY: Duration = Duration::from_millis(20);
@@ -89,7 +94,10 @@ impl Shared {
             .store
             .set(ABORT_KEY, &notice::notice(Some(self.rank), &reason))
         {
-            warn!("rank {}: could not publish the abort notice: {se}", self.rank);
+            warn!(
+                "rank {}: could not publish the abort notice: {se}",
+                self.rank
+            );
         }
     }
 }
@@ -106,6 +114,8 @@ pub struct Communicator {
     splits: AtomicU64,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// Rank 0's store, when this communicator serves it (dropped last).
+    server: Option<TcpStoreServer>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -130,7 +140,7 @@ impl Communicator {
         transports: Transports,
     ) -> Result<Communicator> {
         options.validate()?;
-        if world == 0 || rank.0 >= world || world as usize > ringcc_core::MAX_RANKS as usize {
+        if world == 0 || rank.0 >= world || world as usize > ringcc_core::MAX_RANKS {
             return Err(Error::BadConfig(format!(
                 "rank {rank} of {world} ranks (at most {})",
                 ringcc_core::MAX_RANKS
@@ -193,7 +203,46 @@ impl Communicator {
             splits: AtomicU64::new(0),
             stop,
             threads,
+            server: None,
         })
+    }
+
+    /// Joins the job a launcher described (see [`Launch`]): rank 0
+    /// serves the built-in TCP store at the launch address (on that
+    /// address, not on every interface), every rank connects to it
+    /// with the job token, and the communicator bootstraps over it.
+    pub fn from_launch(
+        launch: Launch,
+        options: Options,
+        transports: Transports,
+    ) -> Result<Communicator> {
+        let server = if launch.rank == Rank(0) {
+            let bind = resolve(&launch.addr)?;
+            Some(TcpStoreServer::start(
+                bind,
+                &launch.token,
+                launch.world_size,
+            )?)
+        } else {
+            None
+        };
+        let store = TcpStore::connect(
+            &launch.addr,
+            &launch.token,
+            launch.rank,
+            launch.world_size,
+            options.timeout,
+        )?;
+        let mut c = Communicator::new(
+            launch.rank,
+            launch.world_size,
+            Arc::new(store),
+            &launch.token,
+            options,
+            transports,
+        )?;
+        c.server = server;
+        Ok(c)
     }
 
     /// This rank.
@@ -413,9 +462,25 @@ impl Communicator {
         self.stop.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
             if t.join().is_err() {
-                first = first.and(Err(Error::Internal("a communicator thread panicked".into())));
+                first = first.and(Err(Error::Internal(
+                    "a communicator thread panicked".into(),
+                )));
             }
         }
+        // Count this rank out; the rank serving the store waits (bounded)
+        // until every rank has, so no watcher sees the store vanish while
+        // its rank still runs.
+        if self.shared.store.add(CLOSED_KEY, 1).is_ok() && self.server.is_some() {
+            let deadline = Instant::now() + self.options.timeout;
+            while Instant::now() < deadline && !self.shared.abort.is_set() {
+                match self.shared.store.add(CLOSED_KEY, 0) {
+                    Ok(n) if n >= i64::from(self.shared.world) => break,
+                    Ok(_) => std::thread::sleep(WATCH_EVERY),
+                    Err(_) => break,
+                }
+            }
+        }
+        self.server.take();
         first
     }
 }
@@ -428,6 +493,18 @@ impl Drop for Communicator {
             }
         }
     }
+}
+
+/// The socket address of `host:port` (the first the resolver gives).
+pub fn resolve(addr: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .map_err(|source| Error::Io {
+            call: "resolve",
+            source,
+        })?
+        .next()
+        .ok_or_else(|| Error::BadConfig(format!("{addr} resolves to no address")))
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
@@ -528,7 +605,11 @@ impl<'b> Group<'b> {
     }
 
     /// Adds an AllReduce in place.
-    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &'b mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_in_place<T: Element>(
+        &mut self,
+        buf: &'b mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         let call = Call::all_reduce(buf.len() as u64, T::DTYPE, op);
         self.run_in_place(call, bytemuck::cast_slice_mut(buf))
     }
@@ -554,10 +635,16 @@ fn check_len(which: &'static str, expected: usize, got: usize) -> Result<()> {
 
 /// The typed collectives (the ten [`Element`] types).
 impl Communicator {
-    fn count_of(&self, len: usize, per_rank: bool, which: &'static str, elem: usize) -> Result<u64> {
+    fn count_of(
+        &self,
+        len: usize,
+        per_rank: bool,
+        which: &'static str,
+        elem: usize,
+    ) -> Result<u64> {
         let w = self.world_size() as usize;
         if per_rank {
-            if len % w != 0 {
+            if !len.is_multiple_of(w) {
                 return Err(Error::BadBuffer {
                     which,
                     expected: (len / w + 1) * w * elem,
@@ -571,9 +658,18 @@ impl Communicator {
     }
 
     /// AllReduce: `output = input₀ ⊕ … ⊕ inputₙ₋₁`.
-    pub fn all_reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         let call = Call::all_reduce(input.len() as u64, T::DTYPE, op);
-        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+        self.run(
+            &call,
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        )
     }
 
     /// AllReduce in place.
@@ -584,9 +680,18 @@ impl Communicator {
 
     /// ReduceScatter: rank `b`'s output is block `b` of the reduction
     /// (`input` holds `world × output.len()` elements).
-    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         let call = Call::reduce_scatter(output.len() as u64, T::DTYPE, op);
-        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+        self.run(
+            &call,
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        )
     }
 
     /// ReduceScatter in place: `buf` holds `world` blocks; block `rank`
@@ -600,7 +705,11 @@ impl Communicator {
     /// AllGather: block `b` of every output is rank `b`'s input.
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         let call = Call::all_gather(input.len() as u64, T::DTYPE);
-        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+        self.run(
+            &call,
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        )
     }
 
     /// AllGather in place: `buf` holds `world` blocks; this rank's input
@@ -615,7 +724,11 @@ impl Communicator {
     /// are not read).
     pub fn broadcast<T: Element>(&self, input: &[T], output: &mut [T], root: Rank) -> Result<()> {
         let call = Call::broadcast(output.len() as u64, T::DTYPE, root);
-        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+        self.run(
+            &call,
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        )
     }
 
     /// Broadcast in place from `root`.
@@ -626,13 +739,28 @@ impl Communicator {
 
     /// Reduce: `root`'s output is the reduction of every input (other
     /// ranks' outputs are left as they are).
-    pub fn reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp, root: Rank) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<()> {
         let call = Call::reduce(input.len() as u64, T::DTYPE, op, root);
-        self.run(&call, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+        self.run(
+            &call,
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        )
     }
 
     /// Reduce in place to `root`.
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<()> {
         let call = Call::reduce(buf.len() as u64, T::DTYPE, op, root);
         self.run_in_place(&call, bytemuck::cast_slice_mut(buf))
     }
@@ -652,7 +780,10 @@ impl Communicator {
         buf: Vec<T>,
         op: ReduceOp,
     ) -> Result<Work<Vec<T>>> {
-        let per_rank = matches!(collective, Collective::ReduceScatter | Collective::AllGather);
+        let per_rank = matches!(
+            collective,
+            Collective::ReduceScatter | Collective::AllGather
+        );
         let count = self.count_of(buf.len(), per_rank, "in-place", size_of::<T>())?;
         let call = Call::new(collective, count, T::DTYPE, op);
         self.submit_in_place(call, buf)

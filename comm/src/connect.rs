@@ -68,12 +68,7 @@ fn choose(transports: &[Box<dyn Transport>], a: &PeerInfo, b: &PeerInfo) -> Opti
 
 /// The transport of the hop from `a` to `b`, as an error when none
 /// reaches.
-fn pick(
-    transports: &[Box<dyn Transport>],
-    peers: &[PeerInfo],
-    a: Rank,
-    b: Rank,
-) -> Result<usize> {
+fn pick(transports: &[Box<dyn Transport>], peers: &[PeerInfo], a: Rank, b: Rank) -> Result<usize> {
     let (Some(pa), Some(pb)) = (peers.get(a.0 as usize), peers.get(b.0 as usize)) else {
         return Err(Error::Internal(format!("no info for rank {a} or {b}")));
     };

@@ -169,7 +169,8 @@ impl Ring {
                             send,
                             &mut self.scratch,
                         )?;
-                        if let (Some(span), Some(l)) = (e.send, self.links.get_mut(usize::from(c.0)))
+                        if let (Some(span), Some(l)) =
+                            (e.send, self.links.get_mut(usize::from(c.0)))
                         {
                             let header = e.header.map(|desc| {
                                 CallHeaderRepr {

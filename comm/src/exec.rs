@@ -79,7 +79,13 @@ pub(crate) fn exec(
             }
         } else if p.contains(Primitive::COPY) {
             let (local, out) = bufs
-                .local_and_output(input_at + done, output_at + done, len, p.reads_input(), scratch)
+                .local_and_output(
+                    input_at + done,
+                    output_at + done,
+                    len,
+                    p.reads_input(),
+                    scratch,
+                )
                 .ok_or_else(|| internal("slice out of the buffers"))?;
             slice_result(p, call.dtype, call.op, ranks, incoming, local, out).map_err(core_err)?;
         }

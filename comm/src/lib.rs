@@ -36,7 +36,7 @@ pub mod store;
 pub mod transport;
 mod work;
 
-pub use comm::{Communicator, Group, Transports};
+pub use comm::{resolve, Communicator, Group, Transports};
 pub use element::Element;
 pub use error::{BoxError, Error, Result};
 pub use options::Options;

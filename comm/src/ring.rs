@@ -52,14 +52,24 @@ impl RingOrderOf {
     pub fn next(&self, rank: Rank) -> Rank {
         let n = self.order.len() as u32;
         let i = self.index.get(rank.0 as usize).copied().unwrap_or(0);
-        Rank(self.order.get(((i + 1) % n.max(1)) as usize).copied().unwrap_or(0))
+        Rank(
+            self.order
+                .get(((i + 1) % n.max(1)) as usize)
+                .copied()
+                .unwrap_or(0),
+        )
     }
 
     /// The rank before `rank` on the ring.
     pub fn prev(&self, rank: Rank) -> Rank {
         let n = self.order.len() as u32;
         let i = self.index.get(rank.0 as usize).copied().unwrap_or(0);
-        Rank(self.order.get(((i + n.max(1) - 1) % n.max(1)) as usize).copied().unwrap_or(0))
+        Rank(
+            self.order
+                .get(((i + n.max(1) - 1) % n.max(1)) as usize)
+                .copied()
+                .unwrap_or(0),
+        )
     }
 
     /// The ranks in ring order.

@@ -26,7 +26,10 @@ pub fn parse_notice(bytes: &[u8]) -> Error {
         .as_ref()
         .and_then(|v| v.get("reason"))
         .and_then(serde_json::Value::as_str)
-        .map_or_else(|| String::from_utf8_lossy(bytes).into_owned(), str::to_owned);
+        .map_or_else(
+            || String::from_utf8_lossy(bytes).into_owned(),
+            str::to_owned,
+        );
     Error::Aborted { rank, reason }
 }
 
@@ -43,6 +46,9 @@ mod tests {
             }
             e => panic!("{e}"),
         }
-        assert!(matches!(parse_notice(b"\xff junk"), Error::Aborted { rank: None, .. }));
+        assert!(matches!(
+            parse_notice(b"\xff junk"),
+            Error::Aborted { rank: None, .. }
+        ));
     }
 }
