@@ -1,17 +1,19 @@
 //! The public communicator: one rank of a job, collectives on host
 //! buffers.
 
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
+use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
 use ringcc_core::{Collective, DataType, Plan, Rank, ReduceOp};
 use tracing::{debug, info, warn};
 
+use crate::abort::{send_abort, AbortState, Watcher};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, CallCtx};
 use crate::ib::mem::{NicMrs, UserMr};
 use crate::launch::Launch;
-use crate::rendezvous::{AbortState, StoreClient, StoreServer, Watcher};
 use crate::setup::{build, MAX_RANKS};
 use crate::transport::{rank_engine, RankEngine, Transport};
 
@@ -115,7 +117,7 @@ pub struct Communicator {
     // (a clean goodbye), then the store itself (rank 0).
     transport: Transport,
     watcher: Option<Arc<Watcher>>,
-    _server: Option<StoreServer>,
+    _server: Option<TcpStoreServer>,
 }
 
 /// A call's buffers as the caller gave them.
@@ -130,15 +132,19 @@ enum UserMrs<'b> {
     InPlace(NicMrs<'b>),
 }
 
-fn bind_addr(addr: &str) -> Result<String> {
-    let (host, port) = addr.rsplit_once(':').ok_or_else(|| Error::Env {
+/// Where rank 0's store listens: every address of the family of `addr`
+/// (`host:port`), on its port.
+fn bind_addr(addr: &str) -> Result<SocketAddr> {
+    let bad = |why: String| Error::Env {
         var: "RINGCC_ADDR".into(),
-        reason: format!("{addr:?} is not host:port"),
-    })?;
+        reason: format!("{addr:?} is not host:port ({why})"),
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port".into()))?;
+    let port: u16 = port.parse().map_err(|e| bad(format!("{e}")))?;
     Ok(if host.starts_with('[') {
-        format!("[::]:{port}")
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
     } else {
-        format!("0.0.0.0:{port}")
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
     })
 }
 
@@ -174,30 +180,34 @@ impl Communicator {
             )));
         }
         let server = if rank == Rank(0) {
-            Some(StoreServer::start(
-                &bind_addr(&launch.addr)?,
+            Some(TcpStoreServer::start(
+                bind_addr(&launch.addr)?,
                 &launch.token,
                 world,
             )?)
         } else {
             None
         };
-        let mut client = StoreClient::connect(
+        let store = TcpStore::connect(
             &launch.addr,
             &launch.token,
-            rank.0,
+            rank,
             world,
             config.connect_timeout,
         )?;
-        let built = match build(&mut client, rank, world, &config) {
+        let built = match build(&store, rank, world, &config) {
             Ok(b) => b,
             Err(e) => {
-                client.send_abort(&format!("rank {rank} failed during setup: {e}"));
+                send_abort(
+                    &store,
+                    rank,
+                    &format!("rank {rank} failed during setup: {e}"),
+                );
                 return Err(e);
             }
         };
         let abort = Arc::new(AbortState::default());
-        let watcher = Arc::new(client.into_watcher(Arc::clone(&abort))?);
+        let watcher = Arc::new(Watcher::start(store, Arc::clone(&abort))?);
         info!(
             rank = rank.0,
             world,

@@ -62,19 +62,20 @@ pub enum Error {
         /// Its rdma-core name (`IBV_WC_REM_ACCESS_ERR`, …).
         status_name: &'static str,
     },
-    /// A rendezvous socket operation failed.
+    /// A rendezvous (store) operation failed: its socket, or the store's
+    /// answer.
     #[error("rendezvous {call} ({addr}) failed: {source}")]
     Rendezvous {
-        /// The operation (`connect`, `bind`, `read`, `write`).
+        /// The operation (`connect`, `bind`, `set`, `get`, …).
         call: &'static str,
-        /// The address involved.
+        /// The address or store key involved.
         addr: String,
-        /// The socket error.
+        /// The socket error (or the store's, wrapped).
         #[source]
         source: std::io::Error,
     },
-    /// The rendezvous server refused this rank (wrong token, rank taken,
-    /// different world size).
+    /// The rendezvous server refused this rank (wrong token, different
+    /// world size, rank out of range).
     #[error("rendezvous server rejected this rank: {reason}")]
     Rejected {
         /// The server's reason.
@@ -218,6 +219,38 @@ impl Error {
     /// than from this rank's own operations.
     pub fn is_remote_abort(&self) -> bool {
         matches!(self, Error::Aborted { rank: Some(_), .. })
+    }
+}
+
+/// The launcher detection's and the store's errors (ringcc-comm's) as
+/// this crate's: a refused hello is [`Error::Rejected`], a store that
+/// fails is [`Error::Rendezvous`], an abort notice [`Error::Aborted`].
+impl From<ringcc_comm::Error> for Error {
+    fn from(e: ringcc_comm::Error) -> Error {
+        use ringcc_comm::Error as C;
+        match e {
+            C::Env { var, reason } => Error::Env { var, reason },
+            C::BadConfig(s) => Error::BadConfig(s),
+            C::Timeout { waiting_for, after } => Error::Timeout { waiting_for, after },
+            C::Aborted { rank, reason } => Error::Aborted { rank, reason },
+            C::Stranger { reason, .. } => Error::Rejected { reason },
+            C::Store { call, key, source } => Error::Rendezvous {
+                call,
+                addr: key,
+                source: match source.downcast::<std::io::Error>() {
+                    Ok(io) => *io,
+                    Err(other) => std::io::Error::other(other),
+                },
+            },
+            C::Io { call, source } => Error::Rendezvous {
+                call,
+                addr: String::new(),
+                source,
+            },
+            C::Poisoned { cause } => Error::Poisoned { cause },
+            C::Internal(s) => Error::Internal(format!("ringcc-comm: {s}")),
+            other => Error::RendezvousProtocol(other.to_string()),
+        }
     }
 }
 

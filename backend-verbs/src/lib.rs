@@ -23,36 +23,39 @@
 //! or once with [`Communicator::register`] (as NCCL's `ncclCommRegister`)
 //! for the calls of [`Communicator::run_registered`].
 //!
-//! Setup goes through a TCP store served by rank 0 ([`rendezvous`]): each
-//! rank presents the job token, then the ranks exchange node names,
-//! settings and queue-pair addresses. The same connection carries abort
-//! notices afterwards: a rank that fails tells the store, the store tells
-//! everyone, and every rank's next wait returns [`Error::Aborted`]. Every
-//! wait has a deadline ([`Config::timeout`] without progress).
+//! Setup goes through the TCP store rank 0 serves
+//! ([`ringcc_comm::store::tcp`]): each rank presents the job token, then
+//! the ranks exchange node names, settings and queue-pair addresses
+//! through its keys. The store carries abort notices afterwards: a rank
+//! that fails publishes the job's notice, every rank's watcher thread
+//! sees it (or sees rank 0's store vanish, or the store sees a rank
+//! vanish and publishes the notice itself), and every rank's next wait
+//! returns [`Error::Aborted`]. Every wait has a deadline
+//! ([`Config::timeout`] without progress).
 //!
 //! Layers: [`launch`] (who am I, from mpirun / srun / torchrun or
-//! `RINGCC_*`), [`Config`], [`rendezvous`], `ib` (rdma-core through
+//! `RINGCC_*`: ringcc-comm's), [`Config`], `abort` (the abort flag and
+//! the watcher), `setup` (the store rounds), `ib` (rdma-core through
 //! `sideway`: devices, registered memory, queue pairs with typestates,
 //! completion queues with events), `conn` (a channel's two connections),
 //! `transport` (completions → events, the wait, the call loop around the
 //! engine) and `exec` (an action → host work and work requests),
 //! [`Communicator`].
 
+mod abort;
 mod comm;
 mod config;
 mod conn;
 mod error;
 mod exec;
 mod ib;
-pub mod launch;
-pub mod rendezvous;
 mod setup;
 mod transport;
 
 pub use comm::{AbortHandle, Call, Communicator, Registered};
 pub use config::{Config, Fault};
 pub use error::{Error, Result};
-pub use launch::{Launch, Launcher};
+pub use ringcc_comm::launch::{self, Launch, Launcher};
 pub use setup::MAX_RANKS;
 
 /// Names of the RDMA devices on this host (empty when rdma-core or its

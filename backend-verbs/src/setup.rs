@@ -1,6 +1,8 @@
 //! Building a communicator: store, devices, topology, queue pairs.
 //!
-//! Three all-gather rounds through rank 0's store:
+//! Three all-gather rounds through the job's store (rank 0's TCP store):
+//! in round `n` every rank sets `gather/n/<rank>` and reads every rank's
+//! key, looking for the job's abort notice while it waits.
 //!
 //! 0. every rank's node name and the settings that must agree → the
 //!    topology (rings, channel → NIC);
@@ -9,11 +11,14 @@
 //! 2. a barrier: every rank has posted its receives and is ready to send.
 
 use std::collections::BTreeMap;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ringcc_comm::launch::fnv1a;
+use ringcc_comm::store::abort::parse_notice;
+use ringcc_comm::store::{Store, ABORT_KEY};
 use ringcc_core::topology::{HopKind, Topology};
 use ringcc_core::{ChannelId, Rank};
-use serde::{Deserialize, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 use tracing::info;
 
@@ -23,8 +28,6 @@ use crate::error::{Error, Result};
 use crate::ib::cq::EventCqs;
 use crate::ib::nic::{device_names, Nic};
 use crate::ib::qp::{RetryParams, RQ_DEPTH, SQ_DEPTH};
-use crate::launch::fnv1a;
-use crate::rendezvous::StoreClient;
 use crate::transport::{Chan, OwnedRing, Transport};
 
 /// The largest job: the core's capacity for std crates.
@@ -41,13 +44,60 @@ pub(crate) struct Built {
     pub transport: Transport,
 }
 
-fn to_value<T: Serialize>(v: &T) -> Result<Value> {
-    serde_json::to_value(v).map_err(|e| Error::RendezvousProtocol(e.to_string()))
+/// How often a setup wait looks for the job's abort notice.
+const ABORT_POLL: Duration = Duration::from_millis(100);
+
+/// Round `round` of the all-gather: publishes `mine` as this rank's and
+/// returns every rank's (index = rank), waiting up to `timeout` for them
+/// all.
+fn all_gather<T: Serialize, U: DeserializeOwned>(
+    store: &dyn Store,
+    round: u32,
+    me: Rank,
+    world: u32,
+    mine: &T,
+    what: &str,
+    timeout: Duration,
+) -> Result<Vec<U>> {
+    let bytes = serde_json::to_vec(mine).map_err(|e| Error::RendezvousProtocol(e.to_string()))?;
+    store.set(&format!("gather/{round}/{}", me.0), &bytes)?;
+    let deadline = Instant::now() + timeout;
+    (0..world)
+        .map(|r| {
+            let key = format!("gather/{round}/{r}");
+            let v = wait_key(store, &key, deadline).map_err(|e| match e {
+                Error::Timeout { .. } => Error::Timeout {
+                    waiting_for: format!(
+                        "rank {r}'s {what} (setup round {round}, store key {key:?})"
+                    ),
+                    after: timeout,
+                },
+                other => other,
+            })?;
+            serde_json::from_slice(&v)
+                .map_err(|e| Error::RendezvousProtocol(format!("rank {r}'s {what}: {e}")))
+        })
+        .collect()
 }
 
-fn from_value<T: for<'de> Deserialize<'de>>(v: Value, rank: usize, what: &str) -> Result<T> {
-    serde_json::from_value(v)
-        .map_err(|e| Error::RendezvousProtocol(format!("rank {rank}'s {what}: {e}")))
+/// The value of `key`, waiting until `deadline` in slices of
+/// [`ABORT_POLL`] and failing with the job's abort notice when one
+/// appears meanwhile.
+fn wait_key(store: &dyn Store, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match store.get(key, left.min(ABORT_POLL)) {
+            Ok(v) => return Ok(v),
+            Err(ringcc_comm::Error::Timeout { waiting_for, after }) if left.is_zero() => {
+                return Err(Error::Timeout { waiting_for, after })
+            }
+            Err(ringcc_comm::Error::Timeout { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if store.check(ABORT_KEY)? {
+            return Err(parse_notice(&store.get(ABORT_KEY, ABORT_POLL)?).into());
+        }
+    }
 }
 
 /// This host's name.
@@ -80,12 +130,7 @@ fn device_of(nic: u16, names: &[String]) -> usize {
     usize::from(nic) % names.len().max(1)
 }
 
-pub(crate) fn build(
-    client: &mut StoreClient,
-    me: Rank,
-    world: u32,
-    config: &Config,
-) -> Result<Built> {
+pub(crate) fn build(store: &dyn Store, me: Rank, world: u32, config: &Config) -> Result<Built> {
     let geometry = config.geometry()?;
     let t = config.connect_timeout;
     // Devices are only needed when there is someone to talk to.
@@ -112,12 +157,7 @@ pub(crate) fn build(
         node: config.node.clone().unwrap_or_else(hostname),
         agreement: agreement.clone(),
     };
-    let hellos: Vec<Hello> = client
-        .all_gather(0, to_value(&hello)?, t)?
-        .into_iter()
-        .enumerate()
-        .map(|(r, v)| from_value(v, r, "settings"))
-        .collect::<Result<_>>()?;
+    let hellos: Vec<Hello> = all_gather(store, 0, me, world, &hello, "settings", t)?;
     if hellos.len() != world as usize {
         return Err(Error::RendezvousProtocol(format!(
             "{} ranks answered, expected {world}",
@@ -215,12 +255,7 @@ pub(crate) fn build(
         });
         halves.push(Some((send, recv)));
     }
-    let all: Vec<Vec<ChannelEnds>> = client
-        .all_gather(1, to_value(&ends)?, t)?
-        .into_iter()
-        .enumerate()
-        .map(|(r, v)| from_value(v, r, "channel ends"))
-        .collect::<Result<_>>()?;
+    let all: Vec<Vec<ChannelEnds>> = all_gather(store, 1, me, world, &ends, "channel ends", t)?;
     let retry = RetryParams {
         timeout: config.ib_timeout,
         retry_cnt: config.retry_cnt,
@@ -261,7 +296,7 @@ pub(crate) fn build(
     }
 
     // Round 2: everyone is ready to receive.
-    client.all_gather(2, Value::Null, t)?;
+    all_gather::<_, Value>(store, 2, me, world, &Value::Null, "readiness", t)?;
     Ok(Built {
         transport: Transport::new(
             me,
@@ -274,4 +309,85 @@ pub(crate) fn build(
             config.spin,
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringcc_comm::store::abort::notice;
+    use ringcc_comm::store::MemStore;
+    use std::sync::Arc;
+
+    const T: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn all_gather_returns_every_ranks_contribution_by_rank() {
+        let store = Arc::new(MemStore::new());
+        let handles: Vec<_> = (0..3u32)
+            .map(|r| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    let a: Vec<u32> =
+                        all_gather(&*store, 0, Rank(r), 3, &(r * 10), "n", T).unwrap();
+                    let b: Vec<String> =
+                        all_gather(&*store, 1, Rank(r), 3, &format!("r{r}"), "s", T).unwrap();
+                    (a, b)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (a, b) = h.join().unwrap();
+            assert_eq!(a, vec![0, 10, 20]);
+            assert_eq!(b, vec!["r0", "r1", "r2"]);
+        }
+    }
+
+    #[test]
+    fn a_missing_rank_times_out_naming_it_and_an_abort_ends_the_wait() {
+        let store = Arc::new(MemStore::new());
+        let t0 = Instant::now();
+        let r: Result<Vec<u32>> = all_gather(
+            &*store,
+            0,
+            Rank(0),
+            2,
+            &1u32,
+            "settings",
+            Duration::from_millis(150),
+        );
+        match r {
+            Err(Error::Timeout { waiting_for, .. }) => {
+                assert!(waiting_for.contains("rank 1's settings"), "{waiting_for}")
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3));
+
+        let aborter = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                store
+                    .set(
+                        ABORT_KEY,
+                        &notice(Some(Rank(1)), "rank 1 failed during setup"),
+                    )
+                    .unwrap();
+            })
+        };
+        let t0 = Instant::now();
+        let r: Result<Vec<u32>> = all_gather(&*store, 1, Rank(0), 2, &1u32, "ends", T);
+        assert!(
+            matches!(
+                &r,
+                Err(Error::Aborted {
+                    rank: Some(Rank(1)),
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        aborter.join().unwrap();
+    }
 }

@@ -37,12 +37,12 @@ use ringcc_core::wire::Completion;
 use ringcc_core::{Action, ChannelId, Engine, EngineError, Event, Rank, RingIndex, RingOrder};
 use tracing::{debug, trace};
 
+use crate::abort::AbortState;
 use crate::conn::{RecvConn, SendConn};
 use crate::error::{Error, Result};
 use crate::exec::CallCtx;
 use crate::ib::cq::{status_name, wait_any, EventCqs};
 use crate::ib::nic::Nic;
-use crate::rendezvous::AbortState;
 
 /// The longest single sleep on completion events (the abort flag is
 /// checked between sleeps).
