@@ -66,6 +66,10 @@ pub enum BackendArg {
     Verbs,
     /// CUDA GPUs of this process; needs the `cuda` feature and a GPU.
     Cuda,
+    /// Host memory, one rank per process: shared memory inside a node,
+    /// TCP between nodes; ranks from --np N or a launcher (mpirun, srun,
+    /// torchrun, RINGCC_RANK).
+    Host,
 }
 
 /// The cluster's shape and the library's tuning, shared by every
@@ -219,6 +223,10 @@ pub struct PerfArgs {
     /// Which backend runs the collective.
     #[arg(long, value_enum, default_value_t = BackendArg::Mock)]
     pub backend: BackendArg,
+    /// --backend host without a launcher: start this many ranks on this
+    /// machine (processes of this command); rank 0 prints the table.
+    #[arg(long)]
+    pub np: Option<u32>,
     /// 1: register the buffers with the backend once per size, before the
     /// timed calls, as nccl-tests' `-R 1` does with `ncclCommRegister`
     /// (verbs: it skips the per-call `ibv_reg_mr`). 0: every call

@@ -34,11 +34,7 @@ fn init_log() {
 
 fn run(cli: Cli) -> Result<i32, CliError> {
     match cli.command {
-        Command::Perf(a) => {
-            let mut b = backend::open(&a)?;
-            let ok = perf::perf(&a, b.as_mut())?;
-            Ok(if ok { 0 } else { 1 })
-        }
+        Command::Perf(a) => backend::perf(&a),
         Command::Explain(a) => {
             stdout::print(&explain::explain(&a)?)?;
             Ok(0)

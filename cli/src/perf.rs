@@ -443,7 +443,10 @@ pub fn perf(a: &PerfArgs, backend: &mut dyn PerfBackend) -> Result<bool, CliErro
         );
     }
     let progress = Progress::new(prints, per_cycle * f64::from(cycles.max(1)));
-    let deadline = (a.timeout > 0).then(|| started + Duration::from_secs(a.timeout));
+    // A -T past what the clock can count is no limit.
+    let deadline = (a.timeout > 0)
+        .then(|| started.checked_add(Duration::from_secs(a.timeout)))
+        .flatten();
     let mut rows = Vec::new();
     let mut wrong_total = 0u64;
     let mut bus_sum = 0.0;

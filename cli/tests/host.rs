@@ -1,0 +1,381 @@
+//! `ringcc perf --backend host`: `--np N` starts N rank processes of the
+//! command (shared memory between them), rank 0 prints nccl-tests' table
+//! with every output element checked; under a launcher's variables it is
+//! one rank. A rank that dies fails the job without a hang, and no rank
+//! outlives the command. Every run has a deadline.
+
+mod common;
+
+use common::{rows, scratch};
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long one `ringcc` run may take before the test kills it.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Variables that would make `ringcc` one rank of a launcher's job.
+const LAUNCHER_VARS: [&str; 5] = [
+    "RINGCC_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "SLURM_PROCID",
+    "RANK",
+];
+
+/// What one run printed and how it ended.
+struct Run {
+    code: Option<i32>,
+    out: String,
+    err: String,
+}
+
+/// Starts `ringcc` with `line`'s words and `env`, its output into files of
+/// `dir` (so that nothing blocks on a pipe).
+fn start(dir: &std::path::Path, name: &str, line: &str, env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringcc"));
+    cmd.args(line.split_whitespace())
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LOG")
+        .env_remove("RINGCC_NODE")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join(format!("{name}.out"))).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.err"))).unwrap());
+    for v in LAUNCHER_VARS {
+        cmd.env_remove(v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("run ringcc")
+}
+
+/// Waits for `child` up to `limit`, killing it (and failing the test)
+/// past it.
+fn finish(dir: &std::path::Path, name: &str, mut child: Child, limit: Duration) -> Run {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap_or_default();
+            panic!("ringcc {name} ran past {limit:?}:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |ext: &str| std::fs::read_to_string(dir.join(format!("{name}.{ext}"))).unwrap();
+    Run {
+        code: status.code(),
+        out: read("out"),
+        err: read("err"),
+    }
+}
+
+/// `ringcc line` with a deadline.
+fn host(test: &str, line: &str) -> Run {
+    let dir = scratch("host", test);
+    let child = start(&dir, "run", line, &[]);
+    let r = finish(&dir, "run", child, LIMIT);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// Every data row's two `#wrong` cells.
+fn wrong(out: &str) -> Vec<(String, String)> {
+    rows(out)
+        .into_iter()
+        .map(|r| (r[8].clone(), r[12].clone()))
+        .collect()
+}
+
+#[test]
+fn two_ranks_check_clean_out_of_place_and_in_place() {
+    let r = host(
+        "two",
+        "perf allreduce --backend host --np 2 -b 8 -e 1M -f 32 -n 2 -w 1",
+    );
+    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
+    assert!(r.out.contains("nRanks 2 "), "{}", r.out);
+    assert!(
+        r.out.contains("# Backend: host — 2 rank(s) on 1 node(s)"),
+        "{}",
+        r.out
+    );
+    assert!(r.out.contains("out shm, in shm"), "{}", r.out);
+    let w = wrong(&r.out);
+    assert_eq!(w.len(), 4, "{}", r.out); // 8, 256, 8K, 256K (8M > 1M)
+    assert!(w.iter().all(|(o, i)| o == "0" && i == "0"), "{}", r.out);
+    assert!(r.out.contains("# Out of bounds values : 0 OK"), "{}", r.out);
+}
+
+/// `-T` past what the clock counts is no limit (it panicked adding it to
+/// the start time).
+#[test]
+fn a_huge_timeout_is_no_limit() {
+    let r = host(
+        "huge-t",
+        "perf allreduce --backend host --np 2 -b 8 -e 8 -n 1 -w 0 -T 18446744073709551615",
+    );
+    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
+    assert_eq!(wrong(&r.out), [("0".to_string(), "0".to_string())]);
+}
+
+#[test]
+fn three_ranks_every_type_op_and_collective_check_clean() {
+    let r = host(
+        "all",
+        "perf allreduce --backend host --np 3 -b 4K -e 4K -n 1 -w 1 -o all -d all",
+    );
+    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
+    let w = wrong(&r.out);
+    assert_eq!(w.len(), 50, "{}", r.out); // 10 types x 5 ops
+    assert!(w.iter().all(|(o, i)| o == "0" && i == "0"), "{}", r.out);
+    for coll in ["reducescatter", "allgather", "broadcast", "reduce"] {
+        let r = host(
+            coll,
+            &format!("perf {coll} --backend host --np 3 -b 96K -e 3M -f 32 -n 2 -w 1 -r 2 -o all"),
+        );
+        assert_eq!(r.code, Some(0), "{coll}: {}{}", r.out, r.err);
+        let w = wrong(&r.out);
+        assert!(!w.is_empty(), "{coll}: {}", r.out);
+        assert!(
+            w.iter().all(|(o, i)| o == "0" && i == "0"),
+            "{coll}: {}",
+            r.out
+        );
+    }
+}
+
+#[test]
+fn injected_corruption_is_counted_and_fails_the_run() {
+    for (coll, np) in [("allreduce", 2), ("reduce", 3), ("allgather", 3)] {
+        let r = host(
+            coll,
+            &format!(
+                "perf {coll} --backend host --np {np} -b 96K -e 96K -n 1 -w 0 -r 1 --inject-corruption 3"
+            ),
+        );
+        assert_eq!(r.code, Some(1), "{coll}: {}{}", r.out, r.err);
+        assert_eq!(
+            wrong(&r.out),
+            [("3".to_string(), "3".to_string())],
+            "{coll}: {}",
+            r.out
+        );
+        assert!(
+            r.out.contains("# Out of bounds values : 6 FAILED"),
+            "{}",
+            r.out
+        );
+        // Wrong results are rank 0's to report: no other rank's lines.
+        assert!(!r.err.contains("[rank"), "{coll}: {}", r.err);
+    }
+}
+
+#[test]
+fn np_mistakes_are_usage_errors() {
+    let dir = scratch("host", "usage");
+    for (line, env, want) in [
+        ("perf allreduce --backend host --np 0", None, "--np 0"),
+        ("perf allreduce --np 2", None, "--backend host only"),
+        (
+            "perf allreduce --backend mock --np 2",
+            None,
+            "--backend host only",
+        ),
+        (
+            "perf allreduce --backend cuda --np 2",
+            None,
+            "--backend host only",
+        ),
+        (
+            "perf allreduce --backend verbs --np 2",
+            None,
+            "--backend host only",
+        ),
+        ("perf allreduce --backend host --np=-1", None, "--np"),
+        ("perf allreduce --backend host", None, "--np N"),
+        (
+            "perf allreduce --backend host --np 2",
+            Some(("RINGCC_RANK", "0")),
+            "RINGCC_RANK is set",
+        ),
+        (
+            "perf allreduce --backend host --np 2",
+            Some(("OMPI_COMM_WORLD_RANK", "0")),
+            "OMPI_COMM_WORLD_RANK is set",
+        ),
+        (
+            "perf broadcast --backend host --np 2 -r 5",
+            None,
+            "-r 5 is out of range for 2 ranks",
+        ),
+        (
+            "perf allreduce --backend host --np 2 --chunk-bytes 64M",
+            None,
+            "chunk",
+        ),
+    ] {
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        let r = finish(&dir, "run", start(&dir, "run", line, &env), LIMIT);
+        assert_eq!(r.code, Some(2), "{line}: {}{}", r.out, r.err);
+        assert!(r.err.contains(want), "{line}: {}", r.err);
+        assert!(!r.err.contains("panicked"), "{line}: {}", r.err);
+        // One clear line: the same mistake of every rank is said once.
+        let lines = r.err.lines().filter(|l| !l.trim().is_empty()).count();
+        assert!(lines <= 3, "{line}: {}", r.err);
+        assert_eq!(r.err.matches(want).count(), 1, "{line}: {}", r.err);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ranks as one launcher starts them: every process its own
+/// `RINGCC_RANK`, one address and token; rank 0 alone prints the table.
+#[test]
+fn under_a_launcher_each_process_is_one_rank() {
+    let dir = scratch("host", "launcher");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let children: Vec<Child> = (0..3)
+        .map(|r| {
+            let env = [
+                ("RINGCC_RANK", r.to_string()),
+                ("RINGCC_WORLD_SIZE", "3".to_string()),
+                ("RINGCC_ADDR", format!("127.0.0.1:{port}")),
+                ("RINGCC_TOKEN", format!("host-test-{}", std::process::id())),
+                ("RINGCC_DEBUG", "INFO".to_string()),
+            ];
+            start(
+                &dir,
+                &format!("rank{r}"),
+                "perf allgather --backend host -b 3K -e 3M -f 32 -n 2 -w 1",
+                &env,
+            )
+        })
+        .collect();
+    let runs: Vec<Run> = children
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| finish(&dir, &format!("rank{r}"), c, LIMIT))
+        .collect();
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.code, Some(0), "rank {r}: {}{}", run.out, run.err);
+    }
+    let w = wrong(&runs[0].out);
+    assert_eq!(w.len(), 3, "{}", runs[0].out);
+    assert!(
+        w.iter().all(|(o, i)| o == "0" && i == "0"),
+        "{}",
+        runs[0].out
+    );
+    assert!(runs[1].out.is_empty() && runs[2].out.is_empty());
+    // The banner of RINGCC_DEBUG=INFO, on rank 0's stderr.
+    assert!(
+        runs[0].err.contains("ringcc INFO: 3 ranks on 1 node(s)") && runs[0].err.contains("-shm->"),
+        "{}",
+        runs[0].err
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The processes `pid` started (Linux: `/proc/PID/task/*/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        v.extend(
+            text.split_whitespace()
+                .filter_map(|s| s.parse::<u32>().ok()),
+        );
+    }
+    v
+}
+
+/// Whether `pid` still runs (a zombie has exited).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().to_owned())
+        })
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// Waits until `pid` has started `n` ranks.
+fn ranks_of(pid: u32, n: usize) -> Vec<u32> {
+    let t0 = Instant::now();
+    loop {
+        let kids = children_of(pid);
+        if kids.len() == n {
+            return kids;
+        }
+        assert!(t0.elapsed() < LIMIT, "{pid} started {kids:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_gone(pids: &[u32], within: Duration) {
+    let t0 = Instant::now();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(t0.elapsed() < within, "ranks still running: {pids:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A long run whose rank 1 is killed: the command fails within seconds,
+/// saying which rank, and leaves no rank behind.
+#[test]
+fn a_killed_rank_fails_the_job_without_a_hang_or_an_orphan() {
+    let dir = scratch("host", "killed");
+    let line = "perf allreduce --backend host --np 3 -b 4M -e 4M -n 100000 -w 0";
+    let child = start(&dir, "run", line, &[]);
+    let kids = ranks_of(child.id(), 3);
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = kids
+        .iter()
+        .copied()
+        .find(|k| {
+            std::fs::read(format!("/proc/{k}/environ"))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .any(|v| v == b"RINGCC_RANK=1")
+        })
+        .expect("rank 1's process");
+    let t0 = Instant::now();
+    Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    let r = finish(&dir, "run", child, Duration::from_secs(40));
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert_ne!(r.code, Some(0), "{}{}", r.out, r.err);
+    assert!(r.err.contains("rank 1"), "{}", r.err);
+    assert!(!r.err.contains("panicked"), "{}", r.err);
+    assert_gone(&kids, Duration::from_secs(5));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The command itself killed: its ranks notice (their stdin closes) and
+/// exit.
+#[test]
+fn killing_the_command_ends_its_ranks() {
+    let dir = scratch("host", "parent");
+    let line = "perf allreduce --backend host --np 2 -b 4M -e 4M -n 100000 -w 0";
+    let mut child = start(&dir, "run", line, &[]);
+    let kids = ranks_of(child.id(), 2);
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_gone(&kids, Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+}
