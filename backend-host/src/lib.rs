@@ -22,6 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod bell;
 mod error;
 mod layout;
 mod map;
@@ -31,6 +32,7 @@ pub mod shm;
 pub mod tcp;
 pub mod wait;
 
+pub use bell::Bell;
 pub use error::{Error, Result};
 pub use layout::{Layout, LAYOUT_VERSION, MAGIC};
 pub use name::{token_hash, SegmentName};

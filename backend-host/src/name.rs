@@ -42,6 +42,13 @@ impl SegmentName {
         SegmentName(format!("/ringcc-{h:016x}-r{receiver}-c{channel}"))
     }
 
+    /// The name of `rank`'s bell (the word it sleeps on when idle) in the
+    /// job of `token`: `/ringcc-<16 hex digits>-r<rank>-bell`.
+    pub fn bell(token: &str, rank: Rank) -> SegmentName {
+        let h = fnv1a(b"ringcc-shm-name\0", token.as_bytes());
+        SegmentName(format!("/ringcc-{h:016x}-r{rank}-bell"))
+    }
+
     /// The name as passed to `shm_open`.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -346,6 +346,13 @@ impl Segment {
         })
     }
 
+    /// Pointer to the first byte of the layout line at `off` (a bell's
+    /// words; see `bell.rs`).
+    pub(crate) fn line_ptr(&self, off: usize) -> *mut u8 {
+        debug_assert!(off.is_multiple_of(Layout::LINE) && off < Layout::SLOTS);
+        self.ptr(off)
+    }
+
     /// Pointer to byte `off` of the mapping (`off` < the mapping's length,
     /// which every caller's offset satisfies by the layout).
     fn ptr(&self, off: usize) -> *mut u8 {

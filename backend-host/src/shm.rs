@@ -20,6 +20,7 @@
 //! (when both run in the same PID namespace).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringcc_comm::transport::{Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
@@ -29,13 +30,19 @@ use ringcc_core::progress::Event;
 use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
 use ringcc_core::{ChannelId, Rank, SlotIndex};
 
-use crate::{Segment, SegmentName};
+use crate::{Bell, Segment, SegmentName};
 
 /// The longest nap while waiting for a peer to map a segment.
 const NAP: Duration = Duration::from_micros(200);
 
-/// Idle polls between two looks at the peer's process.
-const LIVENESS_EVERY: u32 = 1 << 14;
+/// Idle polls between two looks at the clock for the liveness check.
+const LIVENESS_POLLS: u32 = 16;
+
+/// The least time between two looks at the peer's process.
+const LIVENESS_EVERY: Duration = Duration::from_millis(200);
+
+/// How long opening this rank's own, just created bell may take.
+const OWN_BELL: Duration = Duration::from_secs(5);
 
 type Result<T> = std::result::Result<T, CommError>;
 
@@ -45,6 +52,11 @@ pub struct ShmTransport {
     token: String,
     /// Segments created by `listen`, waiting for `accept`.
     inboxes: HashMap<Hop, Segment>,
+    /// This rank's bell as created (its name is unlinked when the
+    /// transport is dropped, after every neighbour has opened it) …
+    bell_owner: Option<Bell>,
+    /// … and as the ends share it.
+    bell: Option<Arc<Bell>>,
 }
 
 impl ShmTransport {
@@ -78,8 +90,14 @@ impl Transport for ShmTransport {
         "shm"
     }
 
-    fn publish(&mut self, token: &str, _rank: Rank) -> Result<Option<serde_json::Value>> {
+    fn publish(&mut self, token: &str, rank: Rank) -> Result<Option<serde_json::Value>> {
         self.token = token.to_owned();
+        self.bell_owner = Some(Bell::create(token, rank)?);
+        self.bell = Some(Arc::new(Bell::open(
+            token,
+            rank,
+            Instant::now() + OWN_BELL,
+        )?));
         Ok(Some(serde_json::json!({
             "uid": rustix::process::getuid().as_raw(),
             "pidns": pid_namespace(),
@@ -105,6 +123,8 @@ impl Transport for ShmTransport {
             seg,
             head_seen: 0,
             peer: Peer::new(hop.receiver, hop.channel, watchable_pid(job, hop.receiver)),
+            peer_bell: Bell::open(job.token, hop.receiver, job.deadline)?,
+            bell: self.own_bell()?,
         }))
     }
 
@@ -134,7 +154,17 @@ impl Transport for ShmTransport {
             tail_seen: 0,
             header_seen: 0,
             peer: Peer::new(hop.sender, hop.channel, watchable_pid(job, hop.sender)),
+            peer_bell: Bell::open(job.token, hop.sender, job.deadline)?,
+            bell: self.own_bell()?,
         }))
+    }
+}
+
+impl ShmTransport {
+    fn own_bell(&self) -> Result<Arc<Bell>> {
+        self.bell
+            .clone()
+            .ok_or_else(|| CommError::Internal("shm: connecting before publish".into()))
     }
 }
 
@@ -145,6 +175,7 @@ struct Peer {
     channel: ChannelId,
     pid: Option<u32>,
     idle: u32,
+    last_look: Instant,
 }
 
 impl Peer {
@@ -154,16 +185,21 @@ impl Peer {
             channel,
             pid,
             idle: 0,
+            last_look: Instant::now(),
         }
     }
 
-    /// Counts an idle poll; every [`LIVENESS_EVERY`] of them, checks the
+    /// Counts an idle poll; at most every [`LIVENESS_EVERY`], checks the
     /// peer's process is still there.
     fn idle_check(&mut self) -> Result<()> {
         self.idle = self.idle.wrapping_add(1);
-        if !self.idle.is_multiple_of(LIVENESS_EVERY) {
+        if !self.idle.is_multiple_of(LIVENESS_POLLS) && self.idle > 1 {
             return Ok(());
         }
+        if self.last_look.elapsed() < LIVENESS_EVERY {
+            return Ok(());
+        }
+        self.last_look = Instant::now();
         let Some(pid) = self.pid else {
             return Ok(());
         };
@@ -196,6 +232,9 @@ pub struct ShmRecv {
     /// The mailbox sequence (header step + 1) last reported.
     header_seen: u64,
     peer: Peer,
+    /// The sender's bell, rung after returning credit.
+    peer_bell: Bell,
+    bell: Arc<Bell>,
 }
 
 impl RecvEnd for ShmRecv {
@@ -240,7 +279,12 @@ impl RecvEnd for ShmRecv {
 
     fn post_head(&mut self, head: u64) -> Result<()> {
         self.seg.head().post(head);
+        self.peer_bell.ring();
         Ok(())
+    }
+
+    fn bell(&self) -> Option<Arc<dyn ringcc_comm::transport::Bell>> {
+        Some(self.bell.clone())
     }
 }
 
@@ -250,6 +294,9 @@ pub struct ShmSend {
     seg: Segment,
     head_seen: u64,
     peer: Peer,
+    /// The receiver's bell, rung after posting `tail`.
+    peer_bell: Bell,
+    bell: Arc<Bell>,
 }
 
 impl SendEnd for ShmSend {
@@ -286,6 +333,11 @@ impl SendEnd for ShmSend {
         }
         // Release: the header and the bytes before the counter.
         self.seg.tail().post(span.end());
+        self.peer_bell.ring();
         Ok(())
+    }
+
+    fn bell(&self) -> Option<Arc<dyn ringcc_comm::transport::Bell>> {
+        Some(self.bell.clone())
     }
 }

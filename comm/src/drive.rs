@@ -24,13 +24,22 @@ use crate::buffer::Buffers;
 use crate::error::{Error, Result};
 use crate::exec::exec;
 use crate::ring::RingOrderOf;
-use crate::transport::{RecvEnd, SendEnd};
+use crate::transport::{Bell, RecvEnd, SendEnd};
 
 /// Idle polls that only spin before a wait yields the core.
 const SPIN_HOT: u32 = 64;
 
-/// The longest nap of an idle wait.
+/// The longest nap of an idle wait without a bell.
 const NAP: Duration = Duration::from_micros(50);
+
+/// Naps before an idle wait sleeps on the bell: a futex wake-up costs
+/// the poster a system call and the sleeper a trip through the
+/// scheduler, more than a short nap when the peer is only a little late.
+const NAPS_FIRST: u32 = 20;
+
+/// The longest sleep on the bell (the abort notice is looked at in
+/// between).
+const BELL_SLEEP: Duration = Duration::from_millis(5);
 
 /// One channel's two ends.
 pub(crate) struct Link {
@@ -62,6 +71,8 @@ pub(crate) struct Ring {
     /// The first failure: the ring takes no more calls.
     failed: Option<String>,
     abort: Arc<AbortState>,
+    /// The bell every end shares, if they do.
+    bell: Option<Arc<dyn Bell>>,
 }
 
 impl Ring {
@@ -74,6 +85,7 @@ impl Ring {
         abort: Arc<AbortState>,
     ) -> Ring {
         let storage = vec![Channel::new(); usize::from(channels)].into_boxed_slice();
+        let bell = common_bell(&links);
         let timeout = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
         Ring {
             ranks: ringcc_core::RingOrder::ranks(&order),
@@ -85,6 +97,7 @@ impl Ring {
             scratch: Vec::new(),
             failed: None,
             abort,
+            bell,
         }
     }
 
@@ -235,8 +248,61 @@ impl Ring {
                     .engine
                     .poll_timeout()
                     .map_or(NAP, |due| Duration::from_nanos(due.saturating_sub(now)));
-                std::thread::sleep(left.min(NAP));
+                match self
+                    .bell
+                    .clone()
+                    .filter(|_| idle > self.config.spin + NAPS_FIRST)
+                {
+                    Some(bell) => {
+                        let ticket = bell.arm();
+                        let news = self.any_news();
+                        if !matches!(news, Ok(false)) {
+                            bell.disarm();
+                            news?;
+                            idle = 0;
+                            continue;
+                        }
+                        bell.sleep(ticket, left.min(BELL_SLEEP));
+                        bell.disarm();
+                    }
+                    None => std::thread::sleep(left.min(NAP)),
+                }
             }
         }
     }
+}
+
+impl Ring {
+    /// Polls every end once (after arming the bell): whether anything
+    /// arrived. The events are handed to the engine.
+    fn any_news(&mut self) -> Result<bool> {
+        let mut news = false;
+        for (i, l) in self.links.iter_mut().enumerate() {
+            let c = ChannelId(i as u8);
+            while let Some(event) = l.recv.poll()? {
+                news = true;
+                let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.engine.handle(now, c, event).map_err(Error::engine)?;
+            }
+            while let Some(event) = l.send.poll()? {
+                news = true;
+                let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.engine.handle(now, c, event).map_err(Error::engine)?;
+            }
+        }
+        Ok(news)
+    }
+}
+
+/// The bell all of `links`' ends share, if they do (one rank's ends of one
+/// transport hand out the same).
+fn common_bell(links: &[Link]) -> Option<Arc<dyn Bell>> {
+    let mut bells = links.iter().flat_map(|l| [l.recv.bell(), l.send.bell()]);
+    let first = bells.next()??;
+    for b in bells {
+        if !Arc::ptr_eq(&first, &b?) {
+            return None;
+        }
+    }
+    Some(first)
 }

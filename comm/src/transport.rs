@@ -29,7 +29,8 @@
 //! [`publish`](Transport::publish).
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::SlotSpan;
@@ -57,6 +58,12 @@ pub trait RecvEnd: Send {
     /// Returns credit: every step below `head` is consumed and its slot
     /// may be written again.
     fn post_head(&mut self, head: u64) -> Result<()>;
+
+    /// The bell this rank sleeps on, which the predecessor rings when it
+    /// posts here (see [`Bell`]); `None` when the transport has none.
+    fn bell(&self) -> Option<Arc<dyn Bell>> {
+        None
+    }
 }
 
 /// The sending end of a connection (our slices leave here).
@@ -80,6 +87,31 @@ pub trait SendEnd: Send {
         header: Option<&[u8; CALL_HEADER_LEN]>,
         bytes: usize,
     ) -> Result<()>;
+
+    /// The bell this rank sleeps on, which the successor rings when it
+    /// returns credit (see [`Bell`]); `None` when the transport has none.
+    fn bell(&self) -> Option<Arc<dyn Bell>> {
+        None
+    }
+}
+
+/// Where an idle rank sleeps instead of napping: a word its peers bump
+/// (and wake it through, a futex on shared memory) whenever they post a
+/// counter it may wait for. The drive loop uses it when every end of the
+/// rank hands out the same bell.
+///
+/// The handshake (the lost-wake-up race closed by two fences):
+/// `ticket = arm()`, poll every end once more, then `sleep(ticket, t)`
+/// unless something arrived, then `disarm()`. A peer posts its counter,
+/// then rings: it sees the rank armed, or the rank's last poll sees the
+/// counter.
+pub trait Bell: Send + Sync {
+    /// Announces that the rank is about to sleep; the ticket to sleep on.
+    fn arm(&self) -> u32;
+    /// Sleeps until the bell rang after `ticket` was taken, or `timeout`.
+    fn sleep(&self, ticket: u32, timeout: Duration);
+    /// Announces that the rank is awake again.
+    fn disarm(&self);
 }
 
 /// One connection of a job: `sender` → `receiver` on `channel`.
