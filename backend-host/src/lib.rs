@@ -53,11 +53,10 @@ pub const TCP_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// a node, TCP (bound to `bind_ip`; writes bounded by `timeout`) between
 /// nodes.
 pub fn transports(bind_ip: IpAddr, timeout: Duration) -> Transports {
-    let _ = (bind_ip, timeout);
     Arc::new(move || {
         vec![
             Box::new(ShmTransport::new()) as Box<dyn Transport>,
-            // TCP joins here once `tcp::TcpTransport` lands.
+            Box::new(tcp::TcpTransport::new(bind_ip, TCP_HELLO_TIMEOUT, timeout)),
         ]
     })
 }
