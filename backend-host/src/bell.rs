@@ -127,6 +127,10 @@ impl ringcc_comm::transport::Bell for Bell {
     fn disarm(&self) {
         self.sleeping().store(0, Ordering::Relaxed);
     }
+
+    fn ring(&self) {
+        Bell::ring(self);
+    }
 }
 
 #[cfg(test)]

@@ -109,6 +109,13 @@ impl Transport for ShmTransport {
         a.node == b.node && uid_of(a).is_some() && uid_of(a) == uid_of(b)
     }
 
+    /// This rank's bell: its neighbours ring it through shared memory.
+    fn bell(&mut self) -> Option<Arc<dyn ringcc_comm::transport::Bell>> {
+        self.bell
+            .clone()
+            .map(|b| b as Arc<dyn ringcc_comm::transport::Bell>)
+    }
+
     fn listen(&mut self, job: &Job<'_>, hop: Hop) -> Result<()> {
         let name = SegmentName::new(job.token, hop.receiver, hop.channel);
         let seg = Segment::create(&name, job.geometry, job.token)?;
@@ -124,7 +131,6 @@ impl Transport for ShmTransport {
             head_seen: 0,
             peer: Peer::new(hop.receiver, hop.channel, watchable_pid(job, hop.receiver)),
             peer_bell: Bell::open(job.token, hop.receiver, job.deadline)?,
-            bell: self.own_bell()?,
         }))
     }
 
@@ -155,16 +161,7 @@ impl Transport for ShmTransport {
             header_seen: 0,
             peer: Peer::new(hop.sender, hop.channel, watchable_pid(job, hop.sender)),
             peer_bell: Bell::open(job.token, hop.sender, job.deadline)?,
-            bell: self.own_bell()?,
         }))
-    }
-}
-
-impl ShmTransport {
-    fn own_bell(&self) -> Result<Arc<Bell>> {
-        self.bell
-            .clone()
-            .ok_or_else(|| CommError::Internal("shm: connecting before publish".into()))
     }
 }
 
@@ -234,7 +231,6 @@ pub struct ShmRecv {
     peer: Peer,
     /// The sender's bell, rung after returning credit.
     peer_bell: Bell,
-    bell: Arc<Bell>,
 }
 
 impl RecvEnd for ShmRecv {
@@ -282,10 +278,6 @@ impl RecvEnd for ShmRecv {
         self.peer_bell.ring();
         Ok(())
     }
-
-    fn bell(&self) -> Option<Arc<dyn ringcc_comm::transport::Bell>> {
-        Some(self.bell.clone())
-    }
 }
 
 /// The sending end: the successor's segment, mapped here.
@@ -296,7 +288,6 @@ pub struct ShmSend {
     peer: Peer,
     /// The receiver's bell, rung after posting `tail`.
     peer_bell: Bell,
-    bell: Arc<Bell>,
 }
 
 impl SendEnd for ShmSend {
@@ -335,9 +326,5 @@ impl SendEnd for ShmSend {
         self.seg.tail().post(span.end());
         self.peer_bell.ring();
         Ok(())
-    }
-
-    fn bell(&self) -> Option<Arc<dyn ringcc_comm::transport::Bell>> {
-        Some(self.bell.clone())
     }
 }

@@ -20,6 +20,10 @@ use ringcc_core::{CallDesc, ChannelId, Collective, DataType, Rank, ReduceOp};
 use ringcc_host::tcp::TcpTransport;
 
 const TOKEN: &str = "tcp-test-job";
+
+/// The bell of every rank in these tests (their loops poll, never sleep).
+static BELL: std::sync::LazyLock<std::sync::Arc<dyn ringcc_comm::transport::Bell>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(ringcc_comm::LocalBell::new()));
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -57,6 +61,7 @@ fn job(peers: &[PeerInfo], g: FifoGeometry, rank: u32, within: Duration) -> Job<
         geometry: g,
         deadline: Instant::now() + within,
         peers,
+        bell: &BELL,
     }
 }
 

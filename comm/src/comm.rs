@@ -169,6 +169,7 @@ impl Communicator {
             options.channels,
             connected.links,
             Arc::clone(&abort),
+            connected.bell,
         );
         // The transports' listeners are no longer needed.
         drop(ts);

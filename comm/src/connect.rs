@@ -4,17 +4,19 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Instant;
 
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::{ChannelId, Rank};
 
+use crate::bell::LocalBell;
 use crate::drive::Link;
 use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::ring::RingOrderOf;
 use crate::store::Store;
-use crate::transport::{Hop, Job, PeerInfo, Transport};
+use crate::transport::{Bell, Hop, Job, PeerInfo, Transport};
 
 /// What connecting produced.
 pub(crate) struct Connected {
@@ -23,6 +25,8 @@ pub(crate) struct Connected {
     pub(crate) peers: Vec<PeerInfo>,
     /// Per channel: the transport of this rank's outgoing and incoming hop.
     pub(crate) hops: Vec<(&'static str, &'static str)>,
+    /// The bell this rank sleeps on.
+    pub(crate) bell: Arc<dyn Bell>,
 }
 
 /// Waits until every rank has reached barrier `name` (a counter in the
@@ -114,6 +118,13 @@ pub(crate) fn connect(
             published.insert(t.name().to_owned(), v);
         }
     }
+    // The rank's bell: the first transport's that offers one (peers can
+    // ring it through shared memory), else one of this process.
+    let bell = transports
+        .iter_mut()
+        .filter(|t| published.contains_key(t.name()))
+        .find_map(|t| t.bell())
+        .unwrap_or_else(|| Arc::new(LocalBell::new()));
     let me = PeerInfo {
         rank: rank.0,
         node: options.node.clone(),
@@ -168,6 +179,7 @@ pub(crate) fn connect(
         geometry: options.geometry,
         deadline,
         peers: &peers,
+        bell: &bell,
     };
     let hop_in = |c: u8| Hop {
         channel: ChannelId(c),
@@ -202,6 +214,7 @@ pub(crate) fn connect(
         links,
         peers,
         hops: vec![names; usize::from(channels)],
+        bell,
     })
 }
 

@@ -71,8 +71,8 @@ pub(crate) struct Ring {
     /// The first failure: the ring takes no more calls.
     failed: Option<String>,
     abort: Arc<AbortState>,
-    /// The bell every end shares, if they do.
-    bell: Option<Arc<dyn Bell>>,
+    /// The bell this rank sleeps on.
+    bell: Arc<dyn Bell>,
 }
 
 impl Ring {
@@ -83,9 +83,9 @@ impl Ring {
         channels: u8,
         links: Vec<Link>,
         abort: Arc<AbortState>,
+        bell: Arc<dyn Bell>,
     ) -> Ring {
         let storage = vec![Channel::new(); usize::from(channels)].into_boxed_slice();
-        let bell = common_bell(&links);
         let timeout = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
         Ring {
             ranks: ringcc_core::RingOrder::ranks(&order),
@@ -248,11 +248,7 @@ impl Ring {
                     .engine
                     .poll_timeout()
                     .map_or(NAP, |due| Duration::from_nanos(due.saturating_sub(now)));
-                match self
-                    .bell
-                    .clone()
-                    .filter(|_| idle > self.config.spin + NAPS_FIRST)
-                {
+                match (idle > self.config.spin + NAPS_FIRST).then(|| Arc::clone(&self.bell)) {
                     Some(bell) => {
                         let ticket = bell.arm();
                         let news = self.any_news();
@@ -292,17 +288,4 @@ impl Ring {
         }
         Ok(news)
     }
-}
-
-/// The bell all of `links`' ends share, if they do (one rank's ends of one
-/// transport hand out the same).
-fn common_bell(links: &[Link]) -> Option<Arc<dyn Bell>> {
-    let mut bells = links.iter().flat_map(|l| [l.recv.bell(), l.send.bell()]);
-    let first = bells.next()??;
-    for b in bells {
-        if !Arc::ptr_eq(&first, &b?) {
-            return None;
-        }
-    }
-    Some(first)
 }

@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 mod abort;
+mod bell;
 mod buffer;
 mod comm;
 mod connect;
@@ -36,6 +37,7 @@ pub mod store;
 pub mod transport;
 mod work;
 
+pub use bell::LocalBell;
 pub use comm::{resolve, Communicator, Group, Transports};
 pub use element::Element;
 pub use error::{BoxError, Error, Result};

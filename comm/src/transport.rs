@@ -58,12 +58,6 @@ pub trait RecvEnd: Send {
     /// Returns credit: every step below `head` is consumed and its slot
     /// may be written again.
     fn post_head(&mut self, head: u64) -> Result<()>;
-
-    /// The bell this rank sleeps on, which the predecessor rings when it
-    /// posts here (see [`Bell`]); `None` when the transport has none.
-    fn bell(&self) -> Option<Arc<dyn Bell>> {
-        None
-    }
 }
 
 /// The sending end of a connection (our slices leave here).
@@ -87,31 +81,29 @@ pub trait SendEnd: Send {
         header: Option<&[u8; CALL_HEADER_LEN]>,
         bytes: usize,
     ) -> Result<()>;
-
-    /// The bell this rank sleeps on, which the successor rings when it
-    /// returns credit (see [`Bell`]); `None` when the transport has none.
-    fn bell(&self) -> Option<Arc<dyn Bell>> {
-        None
-    }
 }
 
-/// Where an idle rank sleeps instead of napping: a word its peers bump
-/// (and wake it through, a futex on shared memory) whenever they post a
-/// counter it may wait for. The drive loop uses it when every end of the
-/// rank hands out the same bell.
+/// Where an idle rank sleeps instead of napping: a word bumped (and the
+/// rank woken through it, a futex) whenever something it may wait for
+/// arrives — by its peers through shared memory, by a transport's reader
+/// threads in this process. Every rank has one ([`Job::bell`]): the first
+/// transport that offers one ([`Transport::bell`]: shared memory's lives
+/// in a segment its neighbours map), else a process-local one.
 ///
 /// The handshake (the lost-wake-up race closed by two fences):
 /// `ticket = arm()`, poll every end once more, then `sleep(ticket, t)`
 /// unless something arrived, then `disarm()`. A peer posts its counter,
 /// then rings: it sees the rank armed, or the rank's last poll sees the
 /// counter.
-pub trait Bell: Send + Sync {
+pub trait Bell: Send + Sync + std::fmt::Debug {
     /// Announces that the rank is about to sleep; the ticket to sleep on.
     fn arm(&self) -> u32;
     /// Sleeps until the bell rang after `ticket` was taken, or `timeout`.
     fn sleep(&self, ticket: u32, timeout: Duration);
     /// Announces that the rank is awake again.
     fn disarm(&self);
+    /// Wakes the rank if it sleeps (after publishing what it waits for).
+    fn ring(&self);
 }
 
 /// One connection of a job: `sender` → `receiver` on `channel`.
@@ -156,6 +148,9 @@ pub struct Job<'a> {
     pub deadline: Instant,
     /// Every rank's published info, by rank.
     pub peers: &'a [PeerInfo],
+    /// This rank's bell: ends whose news arrives on threads of this
+    /// process ring it.
+    pub bell: &'a Arc<dyn Bell>,
 }
 
 impl Job<'_> {
@@ -184,6 +179,13 @@ pub trait Transport: Send {
 
     /// Receiver, phase 1: make `hop` ready to be connected to.
     fn listen(&mut self, job: &Job<'_>, hop: Hop) -> Result<()>;
+
+    /// A bell this rank's peers can ring (see [`Bell`]), after
+    /// [`publish`](Transport::publish); `None` (the default) when the
+    /// transport has no memory its peers share.
+    fn bell(&mut self) -> Option<Arc<dyn Bell>> {
+        None
+    }
 
     /// Sender, phase 2: the sending end of `hop`.
     fn connect(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn SendEnd>>;

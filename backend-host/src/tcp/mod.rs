@@ -33,6 +33,7 @@ mod tests;
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringcc_comm::transport::{Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
@@ -103,7 +104,14 @@ impl TcpTransport {
             rank: hop.sender,
             channel: hop.channel,
         };
-        TcpRecvEnd::start(stream, peer, job.geometry, self.timeout, fill)
+        TcpRecvEnd::start(
+            stream,
+            peer,
+            job.geometry,
+            self.timeout,
+            fill,
+            Arc::clone(job.bell),
+        )
     }
 }
 
@@ -286,6 +294,7 @@ impl Transport for TcpTransport {
             peer,
             job.geometry,
             self.timeout,
+            Arc::clone(job.bell),
         )?))
     }
 

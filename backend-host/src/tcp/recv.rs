@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ringcc_comm::transport::RecvEnd;
+use ringcc_comm::transport::{Bell, RecvEnd};
 use ringcc_comm::{Error, Result};
 use ringcc_core::fifo::{slot_of, FifoGeometry, StepCounter, STEPS};
 use ringcc_core::progress::Event;
@@ -129,6 +129,8 @@ struct Inbox {
     /// The sender closed its end in order, at a slice boundary.
     goodbye: AtomicBool,
     stop: AtomicBool,
+    /// The rank's bell, rung after each of the above is published.
+    bell: Arc<dyn Bell>,
 }
 
 /// The receiving end of one hop over TCP.
@@ -156,6 +158,7 @@ impl TcpRecvEnd {
         geometry: FifoGeometry,
         timeout: Duration,
         fill: u8,
+        bell: Arc<dyn Bell>,
     ) -> Result<TcpRecvEnd> {
         let slot_bytes = usize::try_from(geometry.slot_bytes())
             .map_err(|_| Error::BadConfig(format!("{NAME}: slots beyond memory")))?;
@@ -179,6 +182,7 @@ impl TcpRecvEnd {
             failed: AtomicBool::new(false),
             goodbye: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            bell,
         });
         let reader = Reader {
             inbox: Arc::clone(&inbox),
@@ -393,6 +397,7 @@ impl Reader {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(e);
             self.inbox.failed.store(true, Ordering::Release);
+            self.inbox.bell.ring();
         }
     }
 
@@ -446,6 +451,7 @@ impl Reader {
             if f.last {
                 self.tail = self.next;
                 inbox.tail.post(self.next);
+                inbox.bell.ring();
             }
         }
     }
@@ -468,6 +474,7 @@ impl Reader {
         tracing::debug!(peer = %self.peer.rank, channel = %self.peer.channel, step = f.step,
             "tcp: the sender closed its end");
         self.inbox.goodbye.store(true, Ordering::Release);
+        self.inbox.bell.ring();
         None
     }
 

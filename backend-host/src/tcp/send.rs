@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ringcc_comm::transport::SendEnd;
+use ringcc_comm::transport::{Bell, SendEnd};
 use ringcc_comm::{Error, Result};
 use ringcc_core::fifo::{slot_of, FifoGeometry, StepCounter, STEPS};
 use ringcc_core::prim::SlotSpan;
@@ -38,6 +38,8 @@ struct Outbox {
     /// The receiver closed its end in order.
     goodbye: AtomicBool,
     stop: AtomicBool,
+    /// The rank's bell, rung after the credit reader publishes.
+    bell: Arc<dyn Bell>,
 }
 
 /// The sending end of one hop over TCP.
@@ -66,6 +68,7 @@ impl TcpSendEnd {
         peer: Peer,
         geometry: FifoGeometry,
         timeout: Duration,
+        bell: Arc<dyn Bell>,
     ) -> Result<TcpSendEnd> {
         let slot_bytes = usize::try_from(geometry.slot_bytes())
             .map_err(|_| Error::BadConfig(format!("{NAME}: slots beyond memory")))?;
@@ -88,6 +91,7 @@ impl TcpSendEnd {
             failed: AtomicBool::new(false),
             goodbye: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            bell,
         });
         let reader = CreditReader {
             outbox: Arc::clone(&outbox),
@@ -332,6 +336,7 @@ impl CreditReader {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(e);
             self.outbox.failed.store(true, Ordering::Release);
+            self.outbox.bell.ring();
         }
     }
 
@@ -349,6 +354,7 @@ impl CreditReader {
                 tracing::debug!(peer = %self.peer.rank, channel = %self.peer.channel,
                     head = f.step, "tcp: the receiver closed its end");
                 self.outbox.goodbye.store(true, Ordering::Release);
+                self.outbox.bell.ring();
                 return None;
             }
             if f.kind != Kind::Credit || f.length != 0 || f.last || f.seq != 0 {
@@ -366,6 +372,7 @@ impl CreditReader {
             }
             self.head = f.step;
             self.outbox.head.post(f.step);
+            self.outbox.bell.ring();
         }
     }
 }

@@ -37,6 +37,10 @@ fn hop() -> Hop {
     }
 }
 
+/// The bell of every rank in these tests (their loops poll, never sleep).
+static BELL: std::sync::LazyLock<std::sync::Arc<dyn ringcc_comm::transport::Bell>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(ringcc_comm::LocalBell::new()));
+
 fn job() -> Job<'static> {
     Job {
         token: TOKEN,
@@ -45,6 +49,7 @@ fn job() -> Job<'static> {
         geometry: geometry(),
         deadline: Instant::now() + Duration::from_secs(5),
         peers: &[],
+        bell: &BELL,
     }
 }
 
