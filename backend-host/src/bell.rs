@@ -17,12 +17,12 @@
 //! sleeper's last poll sees the counter. A peer that never sleeps costs
 //! its neighbours one fence and one load per post.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
+use ringcc_comm::BellWords;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::Rank;
-use rustix::thread::futex;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -94,47 +94,39 @@ impl Bell {
         self.word(Layout::HEAD)
     }
 
+    fn words(&self) -> BellWords<'_> {
+        BellWords {
+            seq: self.seq(),
+            sleeping: self.sleeping(),
+            shared: true,
+        }
+    }
+
     /// Wakes the owner if it sleeps (a neighbour's side, right after
     /// posting a counter with release).
     pub fn ring(&self) {
-        fence(Ordering::SeqCst);
-        if self.sleeping().load(Ordering::Relaxed) != 0 {
-            self.seq().fetch_add(1, Ordering::Release);
-            // Not PRIVATE: the sleeper is another process.
-            let _ = futex::wake(self.seq(), futex::Flags::empty(), u32::MAX);
-        }
+        self.words().ring();
     }
 }
 
 impl ringcc_comm::transport::Bell for Bell {
     fn arm(&self) -> u32 {
-        let ticket = self.seq().load(Ordering::Acquire);
-        self.sleeping().store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        ticket
+        self.words().arm()
     }
-
     fn sleep(&self, ticket: u32, timeout: Duration) {
-        let ts = rustix::fs::Timespec {
-            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
-        // EAGAIN (rung since the ticket), ETIMEDOUT and EINTR all mean:
-        // look again.
-        let _ = futex::wait(self.seq(), futex::Flags::empty(), ticket, Some(&ts));
+        self.words().sleep(ticket, timeout);
     }
-
     fn disarm(&self) {
-        self.sleeping().store(0, Ordering::Relaxed);
+        self.words().disarm();
     }
-
     fn ring(&self) {
-        Bell::ring(self);
+        self.words().ring();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
     use ringcc_comm::transport::Bell as _;

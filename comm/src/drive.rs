@@ -210,23 +210,8 @@ impl Ring {
             if self.engine.is_idle() {
                 return Ok(());
             }
-            let n = self.links.len();
-            for k in 0..n {
-                let i = (cursor + k) % n;
-                let c = ChannelId(i as u8);
-                let Some(l) = self.links.get_mut(i) else {
-                    continue;
-                };
-                while let Some(event) = l.recv.poll()? {
-                    progressed = true;
-                    let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    self.engine.handle(now, c, event).map_err(Error::engine)?;
-                }
-                while let Some(event) = l.send.poll()? {
-                    progressed = true;
-                    let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    self.engine.handle(now, c, event).map_err(Error::engine)?;
-                }
+            if self.news_from(cursor)? {
+                progressed = true;
             }
             cursor = cursor.wrapping_add(1);
             if progressed {
@@ -251,7 +236,7 @@ impl Ring {
                 match (idle > self.config.spin + NAPS_FIRST).then(|| Arc::clone(&self.bell)) {
                     Some(bell) => {
                         let ticket = bell.arm();
-                        let news = self.any_news();
+                        let news = self.news_from(0);
                         if !matches!(news, Ok(false)) {
                             bell.disarm();
                             news?;
@@ -269,12 +254,18 @@ impl Ring {
 }
 
 impl Ring {
-    /// Polls every end once (after arming the bell): whether anything
-    /// arrived. The events are handed to the engine.
-    fn any_news(&mut self) -> Result<bool> {
+    /// Polls every end once, channels from `first` on (round robin, so no
+    /// channel's news waits behind another's), handing what arrived to the
+    /// engine: whether anything did.
+    fn news_from(&mut self, first: usize) -> Result<bool> {
+        let n = self.links.len();
         let mut news = false;
-        for (i, l) in self.links.iter_mut().enumerate() {
+        for k in 0..n {
+            let i = (first + k) % n;
             let c = ChannelId(i as u8);
+            let Some(l) = self.links.get_mut(i) else {
+                continue;
+            };
             while let Some(event) = l.recv.poll()? {
                 news = true;
                 let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);

@@ -21,7 +21,7 @@
 #![deny(missing_docs)]
 
 mod abort;
-mod bell;
+pub mod bell;
 mod buffer;
 mod comm;
 mod connect;
@@ -37,7 +37,7 @@ pub mod store;
 pub mod transport;
 mod work;
 
-pub use bell::LocalBell;
+pub use bell::{BellWords, LocalBell};
 pub use comm::{resolve, Communicator, Group, Transports};
 pub use element::Element;
 pub use error::{BoxError, Error, Result};
