@@ -648,8 +648,8 @@ impl Communicator {
             if !len.is_multiple_of(w) {
                 return Err(Error::BadBuffer {
                     which,
-                    expected: (len / w + 1) * w * elem,
-                    got: len * elem,
+                    expected: (len / w + 1).saturating_mul(w).saturating_mul(elem),
+                    got: len.saturating_mul(elem),
                 });
             }
             Ok((len / w) as u64)

@@ -70,6 +70,13 @@ fn choose(transports: &[Box<dyn Transport>], a: &PeerInfo, b: &PeerInfo) -> Opti
     })
 }
 
+/// Transport `t` of the list (an index `pick` returned).
+fn nth(transports: &mut [Box<dyn Transport>], t: usize) -> Result<&mut Box<dyn Transport>> {
+    transports
+        .get_mut(t)
+        .ok_or_else(|| Error::Internal(format!("no transport {t}")))
+}
+
 /// The transport of the hop from `a` to `b`, as an error when none
 /// reaches.
 fn pick(transports: &[Box<dyn Transport>], peers: &[PeerInfo], a: Rank, b: Rank) -> Result<usize> {
@@ -180,6 +187,7 @@ pub(crate) fn connect(
         deadline,
         peers: &peers,
         bell: &bell,
+        store,
     };
     let hop_in = |c: u8| Hop {
         channel: ChannelId(c),
@@ -192,20 +200,21 @@ pub(crate) fn connect(
         receiver: next,
     };
     for c in 0..channels {
-        transports[t_in].listen(&job, hop_in(c))?;
+        nth(transports, t_in)?.listen(&job, hop_in(c))?;
     }
     barrier(store, "listen", world, deadline)?;
     let mut sends = Vec::new();
     for c in 0..channels {
-        sends.push(transports[t_out].connect(&job, hop_out(c))?);
+        sends.push(nth(transports, t_out)?.connect(&job, hop_out(c))?);
     }
     let mut links = Vec::new();
     for (c, send) in (0..channels).zip(sends) {
-        let recv = transports[t_in].accept(&job, hop_in(c))?;
+        let recv = nth(transports, t_in)?.accept(&job, hop_in(c))?;
         links.push(Link { recv, send });
     }
     barrier(store, "connected", world, deadline)?;
-    let names = (transports[t_out].name(), transports[t_in].name());
+    let name = |t: usize| transports.get(t).map_or("none", |t| t.name());
+    let names = (name(t_out), name(t_in));
     if rank == Rank(0) && options.debug_info {
         eprintln!("{}", banner(&peers, &order, options, transports));
     }
@@ -245,7 +254,7 @@ fn banner(
     );
     let ring = order.ranks_in_order();
     for (i, &r) in ring.iter().enumerate() {
-        let next = ring[(i + 1) % ring.len()];
+        let next = ring.get((i + 1) % ring.len()).copied().unwrap_or(r);
         let t = pick(transports, peers, Rank(r), Rank(next))
             .ok()
             .and_then(|k| transports.get(k))

@@ -13,6 +13,26 @@
 //! straight from the incoming slot and writing straight into the outgoing
 //! one), and the loop waits with the engine's deadline.
 //!
+//! ```
+//! use std::sync::Arc;
+//! use ringcc_comm::{store::MemStore, Communicator, Options};
+//! use ringcc_core::{Rank, ReduceOp};
+//!
+//! // A job of one rank needs no transport; real jobs pass a transport
+//! // crate's list (`ringcc_host::transports`) and a shared store.
+//! let comm = Communicator::new(
+//!     Rank(0), 1, Arc::new(MemStore::new()), "doc-job",
+//!     Options::default(), Arc::new(Vec::new),
+//! )?;
+//! let mut x = vec![1.5f32; 1000];
+//! comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+//! assert!(x.iter().all(|&v| v == 1.5));
+//! let x = comm.all_reduce_async(x, ReduceOp::Max)?.wait()?;
+//! assert_eq!(x.len(), 1000);
+//! comm.close()?;
+//! # Ok::<(), ringcc_comm::Error>(())
+//! ```
+//!
 //! Layers: [`launch`] (rank, world size and store address from mpirun,
 //! srun, torchrun or `RINGCC_*`), [`store`] (the bootstrap), [`transport`]
 //! (the traits a transport crate implements), `exec` (the host executor),

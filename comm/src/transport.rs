@@ -40,6 +40,7 @@ use ringcc_core::{ChannelId, Rank, SlotIndex};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::store::Store;
 
 /// The receiving end of a connection (the predecessor's slices arrive
 /// here).
@@ -134,7 +135,7 @@ pub struct PeerInfo {
 }
 
 /// What every step of connecting knows about the job.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Job<'a> {
     /// The job token (segment names, hellos).
     pub token: &'a str,
@@ -151,6 +152,25 @@ pub struct Job<'a> {
     /// This rank's bell: ends whose news arrives on threads of this
     /// process ring it.
     pub bell: &'a Arc<dyn Bell>,
+    /// The job's store, for what a hop's two ends can exchange only once
+    /// `listen` has made it (a queue pair's address): set under keys of
+    /// the transport's own prefix (`verbs/…`), waited for until
+    /// [`deadline`](Job::deadline).
+    pub store: &'a dyn Store,
+}
+
+impl std::fmt::Debug for Job<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("token", &self.token)
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("geometry", &self.geometry)
+            .field("deadline", &self.deadline)
+            .field("peers", &self.peers)
+            .field("bell", &self.bell)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Job<'_> {
