@@ -1,58 +1,180 @@
 #!/bin/bash
-# ringcc's shared-memory AllReduce (ringcc-host's shm_bench: N processes on
-# this host) against OpenMPI's MPI_Allreduce over the same processes count
-# (--mca btl self,vader: its shared-memory path), float sum, out of place,
-# measured in interleaved rounds of the same run; prints each size's busbw
-# and the ratio (median of per-round ratios) and writes target/bench-host.txt.
-# A benchmark, not a test. Installs openmpi-bin and libopenmpi-dev when
-# missing (root, apt-get).
+# ringcc's host backend (`ringcc perf allreduce --backend host`) against
+# MPI_Allreduce (scripts/bench/mpi_allreduce.c), float sum, out of place,
+# in interleaved rounds of one run (every size of every implementation
+# once per round); prints each size's time and busbw (medians), the 8 B
+# latency of each, and ratios = median of the per-round ratios (peer time
+# / ringcc time: above 1, ringcc is faster). A benchmark, not a test.
 #
-#   scripts/bench-host.sh [NP...]        (default: 2 4)
-# Environment: BENCH_BYTES (comma list, default 65536,1048576,4194304,16777216,67108864),
-# BENCH_ITERS (10), BENCH_ROUNDS (3), BENCH_CHANNELS (2).
+#   scripts/bench-host.sh [NP...]     shared memory, N ranks on this host
+#                                     (default: 2 4) — ringcc `--np N`;
+#                                     OpenMPI `mpirun.openmpi --mca btl
+#                                     self,vader` (its shared-memory path);
+#                                     MPICH `mpirun.mpich` (its default
+#                                     shared memory). Writes
+#                                     target/bench-host.txt.
+#   scripts/bench-host.sh --tcp       TCP between two "nodes": two network
+#                                     namespaces joined by a veth pair
+#                                     (10.77.0.1/24, 10.77.0.2/24), one rank
+#                                     in each — ringcc with RINGCC_NODE=a|b
+#                                     (launched here, as a launcher would),
+#                                     OpenMPI with `--mca btl self,tcp` over
+#                                     the same veth. Writes
+#                                     target/bench-host-tcp.txt. Needs root.
+#
+# OpenMPI across namespaces: mpirun runs in the first namespace with a host
+# file naming both veth addresses and an rsh "agent" that starts the
+# second host's daemon under `ip netns exec` (both namespaces share the
+# host name, so --mca btl self,tcp keeps OpenMPI off shared memory, and
+# --bind-to none keeps both ranks from being bound to the same core 0 of
+# their "node": bound, each call waited out a 4 ms scheduler tick). MPICH
+# is compared on shared memory only.
+#
+# Fairness notes: both sides do one warm-up call per size; ringcc's time
+# is its slowest rank's, MPI's rank 0's after a barrier; ringcc's perf runs
+# without its check (-c 0: correctness is the tests' job). The MPI program
+# prints microseconds with one decimal, so MPI's 8 B latencies are coarse.
+# Each size gets about BENCH_ITER_BYTES of traffic (5 to 200 calls). Four
+# ranks oversubscribe a 2-CPU machine: OpenMPI yields (--oversubscribe),
+# MPICH spins, and its small-size times there are scheduler ticks.
+#
+# Environment: BENCH_BYTES (comma list, default
+# 8,65536,1048576,4194304,16777216,67108864,268435456), BENCH_ROUNDS (3),
+# BENCH_ITER_BYTES (268435456), BENCH_CHANNELS (ringcc --channels; default
+# its own). Installs openmpi-bin libopenmpi-dev mpich libmpich-dev when
+# missing (root, apt-get).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NPS=("$@"); [ ${#NPS[@]} -gt 0 ] || NPS=(2 4)
-BYTES=${BENCH_BYTES:-65536,1048576,4194304,16777216,67108864}
-ITERS=${BENCH_ITERS:-10}
+MODE=shm
+if [ "${1:-}" = --tcp ]; then MODE=tcp; shift; fi
+NPS=("$@")
+if [ "$MODE" = tcp ]; then NPS=(2); elif [ ${#NPS[@]} -eq 0 ]; then NPS=(2 4); fi
+BYTES=${BENCH_BYTES:-8,65536,1048576,4194304,16777216,67108864,268435456}
 ROUNDS=${BENCH_ROUNDS:-3}
-CH=${BENCH_CHANNELS:-2}
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-  echo "bench-host: installing openmpi-bin libopenmpi-dev" >&2
+ITER_BYTES=${BENCH_ITER_BYTES:-268435456}
+CH=${BENCH_CHANNELS:-}
+
+need=()
+for t in mpicc.openmpi mpirun.openmpi; do command -v $t >/dev/null || need+=(openmpi-bin libopenmpi-dev); done
+for t in mpicc.mpich mpirun.mpich; do command -v $t >/dev/null || need+=(mpich libmpich-dev); done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "bench-host: installing openmpi-bin libopenmpi-dev mpich libmpich-dev" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+  apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev mpich libmpich-dev >/dev/null
 fi
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --locked --release -q -p ringcc-host --example shm_bench
+cargo build --locked --release -q -p ringcc
+RINGCC=$TARGET/release/ringcc
 mkdir -p "$TARGET"
-MPI_BIN=$TARGET/mpi_allreduce
-mpicc -O2 -o "$MPI_BIN" scripts/bench/mpi_allreduce.c
+mpicc.openmpi -O2 -o "$TARGET/mpi_allreduce.openmpi" scripts/bench/mpi_allreduce.c
+mpicc.mpich -O2 -o "$TARGET/mpi_allreduce.mpich" scripts/bench/mpi_allreduce.c
 OUT=$(mktemp -d)
-for np in "${NPS[@]}"; do
-  for round in $(seq "$ROUNDS"); do
-    "$TARGET/release/examples/shm_bench" --np "$np" --bytes "$BYTES" --iters "$ITERS" --channels "$CH" \
-      | awk '!/^#/ {print $1, $4}' > "$OUT/ringcc-$np-$round.txt"
-    mpirun --allow-run-as-root --oversubscribe -np "$np" --mca btl self,vader \
-      "$MPI_BIN" "$ITERS" ${BYTES//,/ } | awk '{print $1, $4}' > "$OUT/mpi-$np-$round.txt"
-  done
-done
-median() { sort -g | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
-{
-  echo "# ringcc-host shm AllReduce vs OpenMPI MPI_Allreduce (btl self,vader), float sum, out of place,"
-  echo "# $ROUNDS interleaved rounds, $ITERS iterations, $CH channel(s); busbw GB/s medians, ratio = median of per-round ratios"
-  echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPU(s)"
-  printf "%4s %12s %12s %12s %8s\n" np bytes ringcc openmpi ratio
+NS_A=ringcc-bench-a-$$ NS_B=ringcc-bench-b-$$
+cleanup() {
+  if [ "$MODE" = tcp ]; then ip netns del "$NS_A" 2>/dev/null || true; ip netns del "$NS_B" 2>/dev/null || true; fi
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+# Calls per size: about ITER_BYTES of traffic, 5 to 200.
+iters() { local n=$(( ITER_BYTES / $1 )); (( n < 5 )) && n=5; (( n > 200 )) && n=200; echo $n; }
+# Each IMPL_MODE NP BYTES prints "bytes time_us busbw_GBps" (ringcc: its out-of-place columns).
+ringcc_shm() { local np=$1 b=$2; "$RINGCC" perf allreduce --backend host --np "$np" -b "$b" -e "$b" \
+    -n "$(iters "$b")" -w 1 -c 0 ${CH:+--channels "$CH"} | awk '!/^#/ && NF {print $1, $6, $8}'; }
+openmpi_shm() { mpirun.openmpi --allow-run-as-root --oversubscribe -np "$1" --mca btl self,vader \
+    "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'; }
+mpich_shm() { mpirun.mpich -np "$1" "$TARGET/mpi_allreduce.mpich" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'; }
+
+PORT=$(( 20000 + $$ % 20000 ))
+ringcc_tcp() { # two ranks, one per namespace, as a launcher starts them
+  local b=$2 token=bench-$$-$RANDOM
+  PORT=$(( PORT + 1 ))
+  local common=(RINGCC_WORLD_SIZE=2 RINGCC_ADDR=10.77.0.1:$PORT RINGCC_TOKEN=$token)
+  local args=(perf allreduce --backend host -b "$b" -e "$b" -n "$(iters "$b")" -w 1 -c 0 ${CH:+--channels "$CH"})
+  ip netns exec "$NS_B" env "${common[@]}" RINGCC_RANK=1 RINGCC_NODE=b timeout 600 "$RINGCC" "${args[@]}" >/dev/null &
+  local pid=$!
+  ip netns exec "$NS_A" env "${common[@]}" RINGCC_RANK=0 RINGCC_NODE=a timeout 600 "$RINGCC" "${args[@]}" \
+    | awk '!/^#/ && NF {print $1, $6, $8}'
+  wait "$pid"
+}
+openmpi_tcp() {
+  ip netns exec "$NS_A" timeout 600 mpirun.openmpi --allow-run-as-root -np 2 --bind-to none \
+    --hostfile "$OUT/hosts" --mca plm_rsh_agent "$OUT/nsexec" \
+    --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
+    "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'
+}
+
+if [ "$MODE" = tcp ]; then
+  IMPLS=(ringcc openmpi)
+  ip netns add "$NS_A"; ip netns add "$NS_B"
+  ip link add "rbva$$" type veth peer name "rbvb$$"
+  ip link set "rbva$$" netns "$NS_A"; ip link set "rbvb$$" netns "$NS_B"
+  ip -n "$NS_A" addr add 10.77.0.1/24 dev "rbva$$"; ip -n "$NS_B" addr add 10.77.0.2/24 dev "rbvb$$"
+  for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
+  ip -n "$NS_A" link set "rbva$$" up; ip -n "$NS_B" link set "rbvb$$" up
+  printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' > "$OUT/hosts"
+  # OpenMPI's rsh agent: `nsexec HOST COMMAND...` runs COMMAND in HOST's namespace.
+  cat > "$OUT/nsexec" <<EOF
+#!/bin/sh
+host=\$1; shift
+case \$host in 10.77.0.1) ns=$NS_A;; 10.77.0.2) ns=$NS_B;; *) echo "nsexec: unknown host \$host" >&2; exit 1;; esac
+exec ip netns exec \$ns sh -c "\$*"
+EOF
+  chmod +x "$OUT/nsexec"
+  RESULT=$TARGET/bench-host-tcp.txt
+  TITLE="ringcc-host TCP (2 ranks, RINGCC_NODE=a|b, one per network namespace, veth) vs OpenMPI (btl self,tcp, same veth)"
+else
+  IMPLS=(ringcc openmpi mpich)
+  RESULT=$TARGET/bench-host.txt
+  TITLE="ringcc-host shm (--np N) vs OpenMPI (btl self,vader) and MPICH, N ranks on this host"
+fi
+
+for round in $(seq "$ROUNDS"); do
   for np in "${NPS[@]}"; do
     for b in ${BYTES//,/ }; do
-      r=$(cat "$OUT"/ringcc-"$np"-*.txt | awk -v b="$b" '$1==b {print $2}' | median)
-      m=$(cat "$OUT"/mpi-"$np"-*.txt | awk -v b="$b" '$1==b {print $2}' | median)
-      q=$(for k in $(seq "$ROUNDS"); do
-            paste -d' ' <(awk -v b="$b" '$1==b {print $2}' "$OUT/ringcc-$np-$k.txt") \
-                        <(awk -v b="$b" '$1==b {print $2}' "$OUT/mpi-$np-$k.txt")
-          done | awk '$2 > 0 {printf "%.3f\n", $1/$2}' | median)
-      printf "%4s %12s %12s %12s %8s\n" "$np" "$b" "${r:-?}" "${m:-?}" "${q:-?}"
+      for impl in "${IMPLS[@]}"; do
+        "${impl}_$MODE" "$np" "$b" >> "$OUT/$impl-$np-$round.txt"
+      done
     done
   done
-} | tee "$TARGET/bench-host.txt"
-rm -rf "$OUT"
+  echo "bench-host: round $round of $ROUNDS done" >&2
+done
+
+median() { sort -g | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+col() { awk -v b="$2" -v c="$3" '$1==b {print $c}' "$1"; } # file bytes column
+{
+  echo "# $TITLE"
+  echo "# allreduce, float sum, out of place; $ROUNDS interleaved round(s); time (us) and busbw (GB/s): medians;"
+  echo "# xPEER = median over rounds of PEER time / ringcc time (above 1: ringcc faster)"
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPU(s), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  printf "%3s %10s" np bytes
+  for impl in "${IMPLS[@]}"; do printf " %10s %8s" "${impl}_us" GB/s; done
+  for impl in "${IMPLS[@]:1}"; do printf " %9s" "x$impl"; done
+  echo
+  for np in "${NPS[@]}"; do
+    for b in ${BYTES//,/ }; do
+      printf "%3s %10s" "$np" "$b"
+      for impl in "${IMPLS[@]}"; do
+        t=$(cat "$OUT/$impl-$np"-*.txt | awk -v b="$b" '$1==b {print $2}' | median)
+        g=$(cat "$OUT/$impl-$np"-*.txt | awk -v b="$b" '$1==b {print $3}' | median)
+        printf " %10s %8s" "${t:-?}" "${g:-?}"
+      done
+      for impl in "${IMPLS[@]:1}"; do
+        q=$(for k in $(seq "$ROUNDS"); do
+              paste -d' ' <(col "$OUT/ringcc-$np-$k.txt" "$b" 2) <(col "$OUT/$impl-$np-$k.txt" "$b" 2)
+            done | awk '$1 > 0 {printf "%.3f\n", $2/$1}' | median)
+        printf " %9s" "${q:-?}"
+      done
+      echo
+    done
+  done
+  first=${BYTES%%,*}
+  for np in "${NPS[@]}"; do
+    printf "# %s B latency, %s ranks (us):" "$first" "$np"
+    for impl in "${IMPLS[@]}"; do
+      printf " %s %s" "$impl" "$(cat "$OUT/$impl-$np"-*.txt | awk -v b="$first" '$1==b {print $2}' | median)"
+    done
+    echo
+  done
+} | tee "$RESULT"

@@ -8,6 +8,9 @@
 #   4. unit + property tests cargo test --release (workspace)
 #      CLI benchmark         the README's main command: wall time, memory
 #                            (a report, never a failure on a number)
+#      network namespaces    ranks on two "hosts" (namespaces joined by a
+#                            veth pair): shm inside, TCP between (root;
+#                            SKIPPED, said clearly, where it cannot run)
 #   5. loom models           the slot FIFO under every interleaving; two
 #                            engines over it (bounded preemptions)
 #   6. no_std check          a freestanding binary links the core; defmt builds
@@ -91,6 +94,12 @@ done_stage
 
 stage "4b. CLI benchmark (report only)"
 scripts/bench-cli.sh
+done_stage
+
+stage "4c. network-namespace tests"
+# The communicator's netns_ tests and `ringcc perf --backend host` with
+# ranks in two network namespaces (shm inside each, TCP over the veth).
+scripts/netns-tests.sh
 done_stage
 
 stage "5. loom models"

@@ -91,13 +91,28 @@ fn wrong(out: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Asserts that `r` succeeded with `rows` table rows, every `#wrong` 0
+/// (out of place and in place).
+fn assert_clean(what: &str, r: &Run, rows: usize) {
+    assert_eq!(r.code, Some(0), "{what}: {}{}", r.out, r.err);
+    let w = wrong(&r.out);
+    assert_eq!(w.len(), rows, "{what}: {}", r.out);
+    assert!(
+        w.iter().all(|(o, i)| o == "0" && i == "0"),
+        "{what}: {}",
+        r.out
+    );
+    assert!(r.out.contains("# Out of bounds values : 0 OK"), "{}", r.out);
+}
+
 #[test]
 fn two_ranks_check_clean_out_of_place_and_in_place() {
     let r = host(
         "two",
         "perf allreduce --backend host --np 2 -b 8 -e 1M -f 32 -n 2 -w 1",
     );
-    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
+    // 8, 256, 8K, 256K (8M > 1M)
+    assert_clean("2 ranks", &r, 4);
     assert!(r.out.contains("nRanks 2 "), "{}", r.out);
     assert!(
         r.out.contains("# Backend: host — 2 rank(s) on 1 node(s)"),
@@ -105,10 +120,19 @@ fn two_ranks_check_clean_out_of_place_and_in_place() {
         r.out
     );
     assert!(r.out.contains("out shm, in shm"), "{}", r.out);
-    let w = wrong(&r.out);
-    assert_eq!(w.len(), 4, "{}", r.out); // 8, 256, 8K, 256K (8M > 1M)
-    assert!(w.iter().all(|(o, i)| o == "0" && i == "0"), "{}", r.out);
-    assert!(r.out.contains("# Out of bounds values : 0 OK"), "{}", r.out);
+}
+
+/// `RINGCC_SHM_DISABLE=1` reaches the ranks `--np` starts: TCP between
+/// them, checked as clean.
+#[test]
+fn np_ranks_over_tcp() {
+    let dir = scratch("host", "tcp");
+    let line = "perf allreduce --backend host --np 3 -b 8 -e 1M -f 256 -n 2 -w 1";
+    let env = [("RINGCC_SHM_DISABLE", "1".to_string())];
+    let r = finish(&dir, "run", start(&dir, "run", line, &env), LIMIT);
+    assert_clean("tcp", &r, 3); // 8, 2K, 512K
+    assert!(r.out.contains("out tcp, in tcp"), "{}", r.out);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `-T` past what the clock counts is no limit (it panicked adding it to
@@ -119,8 +143,7 @@ fn a_huge_timeout_is_no_limit() {
         "huge-t",
         "perf allreduce --backend host --np 2 -b 8 -e 8 -n 1 -w 0 -T 18446744073709551615",
     );
-    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
-    assert_eq!(wrong(&r.out), [("0".to_string(), "0".to_string())]);
+    assert_clean("-T", &r, 1);
 }
 
 #[test]
@@ -129,23 +152,15 @@ fn three_ranks_every_type_op_and_collective_check_clean() {
         "all",
         "perf allreduce --backend host --np 3 -b 4K -e 4K -n 1 -w 1 -o all -d all",
     );
-    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
-    let w = wrong(&r.out);
-    assert_eq!(w.len(), 50, "{}", r.out); // 10 types x 5 ops
-    assert!(w.iter().all(|(o, i)| o == "0" && i == "0"), "{}", r.out);
+    assert_clean("allreduce", &r, 50); // 10 types x 5 ops
     for coll in ["reducescatter", "allgather", "broadcast", "reduce"] {
         let r = host(
             coll,
             &format!("perf {coll} --backend host --np 3 -b 96K -e 3M -f 32 -n 2 -w 1 -r 2 -o all"),
         );
-        assert_eq!(r.code, Some(0), "{coll}: {}{}", r.out, r.err);
-        let w = wrong(&r.out);
-        assert!(!w.is_empty(), "{coll}: {}", r.out);
-        assert!(
-            w.iter().all(|(o, i)| o == "0" && i == "0"),
-            "{coll}: {}",
-            r.out
-        );
+        // 96K, 3M; reductions: x 5 ops
+        let rows = if coll.starts_with("reduce") { 10 } else { 2 };
+        assert_clean(coll, &r, rows);
     }
 }
 
@@ -234,53 +249,56 @@ fn np_mistakes_are_usage_errors() {
 
 /// Ranks as one launcher starts them: every process its own
 /// `RINGCC_RANK`, one address and token; rank 0 alone prints the table.
+/// On one node they talk shared memory; given two `RINGCC_NODE`s, TCP
+/// between the nodes (loopback here; two network namespaces in
+/// `scripts/netns-tests.sh`).
 #[test]
 fn under_a_launcher_each_process_is_one_rank() {
-    let dir = scratch("host", "launcher");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let children: Vec<Child> = (0..3)
-        .map(|r| {
-            let env = [
-                ("RINGCC_RANK", r.to_string()),
-                ("RINGCC_WORLD_SIZE", "3".to_string()),
-                ("RINGCC_ADDR", format!("127.0.0.1:{port}")),
-                ("RINGCC_TOKEN", format!("host-test-{}", std::process::id())),
-                ("RINGCC_DEBUG", "INFO".to_string()),
-            ];
-            start(
-                &dir,
-                &format!("rank{r}"),
-                "perf allgather --backend host -b 3K -e 3M -f 32 -n 2 -w 1",
-                &env,
-            )
-        })
-        .collect();
-    let runs: Vec<Run> = children
-        .into_iter()
-        .enumerate()
-        .map(|(r, c)| finish(&dir, &format!("rank{r}"), c, LIMIT))
-        .collect();
-    for (r, run) in runs.iter().enumerate() {
-        assert_eq!(run.code, Some(0), "rank {r}: {}{}", run.out, run.err);
+    for (test, nodes, ring) in [
+        ("launcher", [None, None, None], "ring 0[host-test] -shm-> 1"),
+        (
+            "launcher-nodes",
+            [Some("a"), Some("a"), Some("b")],
+            "ring 0[a] -shm-> 1[a] -tcp-> 2[b] -tcp-> 0",
+        ),
+    ] {
+        let dir = scratch("host", test);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let children: Vec<Child> = (0..3)
+            .map(|r| {
+                let env = [
+                    ("RINGCC_RANK", r.to_string()),
+                    ("RINGCC_WORLD_SIZE", "3".to_string()),
+                    ("RINGCC_ADDR", format!("127.0.0.1:{port}")),
+                    ("RINGCC_TOKEN", format!("{test}-{}", std::process::id())),
+                    ("RINGCC_DEBUG", "INFO".to_string()),
+                    ("RINGCC_NODE", nodes[r].unwrap_or("host-test").to_string()),
+                ];
+                start(
+                    &dir,
+                    &format!("rank{r}"),
+                    "perf allgather --backend host -b 3K -e 3M -f 32 -n 2 -w 1",
+                    &env,
+                )
+            })
+            .collect();
+        let runs: Vec<Run> = children
+            .into_iter()
+            .enumerate()
+            .map(|(r, c)| finish(&dir, &format!("rank{r}"), c, LIMIT))
+            .collect();
+        for (r, run) in runs.iter().enumerate().skip(1) {
+            assert_eq!(run.code, Some(0), "{test} rank {r}: {}{}", run.out, run.err);
+        }
+        assert_clean(test, &runs[0], 3);
+        assert!(runs[1].out.is_empty() && runs[2].out.is_empty(), "{test}");
+        // The banner of RINGCC_DEBUG=INFO, on rank 0's stderr.
+        assert!(runs[0].err.contains(ring), "{test}: {}", runs[0].err);
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    let w = wrong(&runs[0].out);
-    assert_eq!(w.len(), 3, "{}", runs[0].out);
-    assert!(
-        w.iter().all(|(o, i)| o == "0" && i == "0"),
-        "{}",
-        runs[0].out
-    );
-    assert!(runs[1].out.is_empty() && runs[2].out.is_empty());
-    // The banner of RINGCC_DEBUG=INFO, on rank 0's stderr.
-    assert!(
-        runs[0].err.contains("ringcc INFO: 3 ranks on 1 node(s)") && runs[0].err.contains("-shm->"),
-        "{}",
-        runs[0].err
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The processes `pid` started (Linux: `/proc/PID/task/*/children`).
