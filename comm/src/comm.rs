@@ -159,6 +159,7 @@ impl Communicator {
         let drive = DriveConfig {
             geometry: options.geometry,
             chunk_bytes: options.chunk_bytes,
+            channel_bytes: options.channel_bytes,
             timeout: options.timeout,
             spin: options.spin,
         };

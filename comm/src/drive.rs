@@ -41,6 +41,15 @@ const NAPS_FIRST: u32 = 20;
 /// between).
 const BELL_SLEEP: Duration = Duration::from_millis(5);
 
+/// The channels `call` uses out of the `available` connected ones: one
+/// per `channel_bytes` of its larger buffer, at least one. The same on
+/// every rank (it depends on the call and the job's settings only).
+pub(crate) fn channels_for(call: &Call, ranks: u32, available: usize, channel_bytes: u64) -> u32 {
+    let (i, o) = call.buffer_bytes(ranks);
+    let per = usize::try_from(channel_bytes.max(1)).unwrap_or(usize::MAX);
+    (i.max(o) / per).clamp(1, available.max(1)) as u32
+}
+
 /// One channel's two ends.
 pub(crate) struct Link {
     pub(crate) recv: Box<dyn RecvEnd>,
@@ -52,6 +61,7 @@ pub(crate) struct Link {
 pub(crate) struct DriveConfig {
     pub(crate) geometry: FifoGeometry,
     pub(crate) chunk_bytes: u64,
+    pub(crate) channel_bytes: u64,
     pub(crate) timeout: Duration,
     /// Idle polls spent spinning and yielding before napping.
     pub(crate) spin: u32,
@@ -132,7 +142,12 @@ impl Ring {
         let plan = call
             .plan(
                 self.ranks,
-                self.links.len().max(1) as u32,
+                channels_for(
+                    call,
+                    self.ranks,
+                    self.links.len(),
+                    self.config.channel_bytes,
+                ),
                 self.config.chunk_bytes,
             )
             .map_err(|source| Error::Core {

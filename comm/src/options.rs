@@ -5,6 +5,7 @@
 //! | `RINGCC_NCHANNELS` | channels (rings), 1..=64 | 2 |
 //! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | 131072 |
 //! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
+//! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | 4194304 |
 //! | `RINGCC_TIMEOUT_MS` | a call fails when nothing moves this long | 30000 |
 //! | `RINGCC_NODE` | this process's node identity (ranks of one node share memory) | the host name |
 //! | `RINGCC_SHM_DISABLE=1` | never use shared memory (as `NCCL_SHM_DISABLE`) | |
@@ -29,6 +30,10 @@ pub struct Options {
     /// The plan's chunk (bytes per rank and step before the last loop
     /// shrinks it); at most what the FIFO holds less one slice.
     pub chunk_bytes: u64,
+    /// A call uses one channel per this many bytes of its larger buffer
+    /// (at least one, at most [`channels`](Self::channels)): every
+    /// channel adds hand-offs, and one drive thread serves them all.
+    pub channel_bytes: u64,
     /// Connecting and every call fail when nothing moves for this long.
     pub timeout: Duration,
     /// Idle polls spent spinning and yielding before a wait naps.
@@ -52,6 +57,7 @@ impl Default for Options {
             channels: 2,
             geometry: FifoGeometry::new(128 << 10, 1).unwrap_or_default(),
             chunk_bytes: 512 << 10,
+            channel_bytes: 4 << 20,
             timeout: Duration::from_secs(30),
             spin: 2000,
             node: crate::launch::node_name(),
@@ -93,6 +99,9 @@ impl Options {
         }
         if let Some(c) = num("RINGCC_CHUNK_BYTES")? {
             o.chunk_bytes = c;
+        }
+        if let Some(b) = num("RINGCC_CHANNEL_BYTES")? {
+            o.channel_bytes = b;
         }
         if let Some(t) = num("RINGCC_TIMEOUT_MS")? {
             o.timeout = Duration::from_millis(t);
@@ -147,6 +156,9 @@ impl Options {
                 self.geometry.fifo_bytes(),
                 self.geometry.max_chunk_bytes()
             )));
+        }
+        if self.channel_bytes == 0 {
+            return Err(Error::BadConfig("0 bytes per channel".into()));
         }
         if self.timeout.is_zero() {
             return Err(Error::BadConfig("a zero timeout".into()));
