@@ -99,6 +99,15 @@ impl RawBufs {
     }
 }
 
+/// A call's outcome and who waits for it.
+#[derive(Default)]
+struct Outcome {
+    result: Option<Result<()>>,
+    /// Threads blocked on `done` (a finish without waiters makes no
+    /// system call: `notify_all` always does one).
+    waiters: u32,
+}
+
 /// One queued call.
 pub(crate) struct Job {
     pub(crate) call: Call,
@@ -106,7 +115,7 @@ pub(crate) struct Job {
     /// The value owning the buffers of an asynchronous call, handed back
     /// by [`Work::wait`].
     owned: Mutex<Option<Box<dyn Any + Send>>>,
-    result: Mutex<Option<Result<()>>>,
+    outcome: Mutex<Outcome>,
     done: Condvar,
 }
 
@@ -116,55 +125,61 @@ impl Job {
             call,
             bufs,
             owned: Mutex::new(owned),
-            result: Mutex::new(None),
+            outcome: Mutex::new(Outcome::default()),
             done: Condvar::new(),
         })
     }
 
     pub(crate) fn finish(&self, r: Result<()>) {
-        *lock(&self.result) = Some(r);
-        self.done.notify_all();
+        let mut o = lock(&self.outcome);
+        o.result = Some(r);
+        if o.waiters > 0 {
+            self.done.notify_all();
+        }
     }
 
     pub(crate) fn is_done(&self) -> bool {
-        lock(&self.result).is_some()
+        lock(&self.outcome).result.is_some()
     }
 
-    /// Waits until done or `deadline`; the outcome (a copy of the error).
-    fn wait_until(&self, deadline: Option<Instant>) -> Option<Result<()>> {
-        let mut r = lock(&self.result);
+    /// Waits until done or `deadline` (`None`: no limit); `None` at the
+    /// deadline, else the outcome (the error copied: `take` leaves the
+    /// original for the first to take it).
+    fn wait_until(&self, deadline: Option<Instant>, take: bool) -> Option<Result<()>> {
+        let mut o = lock(&self.outcome);
         loop {
-            if let Some(res) = r.as_ref() {
-                return Some(res.as_ref().map(|_| ()).map_err(Error::duplicate));
+            if let Some(res) = o.result.take() {
+                let copy = res.as_ref().map(|_| ()).map_err(Error::duplicate);
+                if take {
+                    o.result = Some(copy);
+                    return Some(res);
+                }
+                o.result = Some(res);
+                return Some(copy);
             }
-            match deadline {
-                None => r = self.done.wait(r).unwrap_or_else(|p| p.into_inner()),
+            o.waiters += 1;
+            o = match deadline {
+                None => self.done.wait(o).unwrap_or_else(|p| p.into_inner()),
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
+                        o.waiters -= 1;
                         return None;
                     }
-                    r = self
-                        .done
-                        .wait_timeout(r, left)
+                    self.done
+                        .wait_timeout(o, left)
                         .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                        .0
                 }
-            }
+            };
+            o.waiters -= 1;
         }
     }
 
     /// Waits until done and takes the outcome.
     pub(crate) fn wait(&self) -> Result<()> {
-        let mut r = lock(&self.result);
-        loop {
-            if let Some(res) = r.take() {
-                // Leave a copy for `is_done` and later readers.
-                *r = Some(res.as_ref().map(|_| ()).map_err(Error::duplicate));
-                return res;
-            }
-            r = self.done.wait(r).unwrap_or_else(|p| p.into_inner());
-        }
+        self.wait_until(None, true)
+            .unwrap_or_else(|| Err(Error::Internal("a wait without a deadline ended".into())))
     }
 }
 
@@ -209,7 +224,7 @@ impl<B: 'static> Work<B> {
     /// Waits up to `timeout`: `Ok(true)` when the call finished well,
     /// `Ok(false)` when it is still running, its error when it failed.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
-        match self.job.wait_until(Some(Instant::now() + timeout)) {
+        match self.job.wait_until(Some(Instant::now() + timeout), false) {
             None => Ok(false),
             Some(r) => r.map(|()| true),
         }
