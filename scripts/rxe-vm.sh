@@ -28,6 +28,7 @@
 #   through rxe's loopback; two rxe devices in one network namespace cannot
 #   reach each other (their packets go through `lo` and are dropped).
 # - GID index 1 is the IPv4-mapped RoCEv2 GID of the veth address.
+# - /dev/shm is a fresh tmpfs (POSIX shared memory between the ranks);
 # - /tmp inside the VM is a fresh tmpfs (programs there need it writable);
 #   the directory under /tmp that holds the current directory or
 #   $CARGO_TARGET_DIR (a checkout in /tmp/x) is bound into it read-only,
@@ -126,6 +127,9 @@ mkdir -p "$OUT"
   echo 'ip addr add 192.0.2.1/24 dev veth0'   # TEST-NET-1, inside the VM only
   echo 'ip link set veth0 up; ip link set veth1 up'
   echo 'rdma link add rxe0 type rxe netdev veth0'
+  # POSIX shared memory (shm_open) for ranks that also talk shared
+  # memory: the VM's devtmpfs has no /dev/shm.
+  echo 'mkdir -p /dev/shm; grep -q " /dev/shm " /proc/mounts || mount -t tmpfs -o mode=1777 tmpfs /dev/shm'
   echo 'export RXE_DEV=rxe0 RXE_GID_INDEX=1 HOME=/tmp'
   printf 'cd %q\n' "$PWD"
   echo 'set +e'

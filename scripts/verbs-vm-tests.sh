@@ -3,7 +3,8 @@
 # multi-process tests and its rank binary here, boots ONE VM with an RDMA
 # device (scripts/rxe-vm.sh) and runs in it
 #   1. the multi-process tests (backend-verbs/tests/vm.rs, --ignored):
-#      2, 3, 4 and 8 ranks, every collective, faults, and the `ringcc perf
+#      2, 3, 4 and 8 ranks, every collective, faults, two "nodes" with
+#      shared memory inside and verbs between, and the `ringcc perf
 #      --backend verbs` command itself;
 #   2. the benchmark: ib_write_bw (unidirectional, and -b bidirectional) and
 #      a 2-rank ringcc AllReduce (1 and 2 channels), 16 MiB, same device,
@@ -18,8 +19,8 @@
 # IBW_ITERS (ib_write_bw, 10), VERBS_BENCH_ROUNDS (3), VERBS_BENCH_BASE (a
 # `verbs_rank` built from another commit: each round also runs it, and the
 # report gives this build's AllReduce as a ratio to it); RINGCC_SLOT_BYTES,
-# RINGCC_SLOTS_PER_SLICE, RINGCC_CHUNK_BYTES, RINGCC_SPIN_US and RUST_LOG
-# pass through to the ranks.
+# RINGCC_SLOTS_PER_SLICE, RINGCC_CHUNK_BYTES, RINGCC_CHANNEL_BYTES and
+# RUST_LOG pass through to the ranks.
 # Needs root for apt-get when packages are missing (cmake and libclang-dev for the build;
 # the VM's own list in scripts/rxe-vm.sh).
 set -euo pipefail
@@ -95,7 +96,7 @@ fi
   printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
   # FIFO geometry overrides and the log filter (RUST_LOG) for experiments
   # reach the ranks in the VM.
-  for v in RINGCC_SLOT_BYTES RINGCC_SLOTS_PER_SLICE RINGCC_CHUNK_BYTES RINGCC_SPIN_US RUST_LOG; do
+  for v in RINGCC_SLOT_BYTES RINGCC_SLOTS_PER_SLICE RINGCC_CHUNK_BYTES RINGCC_CHANNEL_BYTES RUST_LOG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
   cat <<'VM'
@@ -131,17 +132,12 @@ if [ "$RUN_BENCH" = 1 ]; then
     # A port below the ephemeral range, so that no live connection holds it.
     local name=$1 port=$(( 20000 + RANDOM % 10000 )) bin=${3:-$RANK_BIN} v r
     rm -f "$OUT/$name.json"
-    # The debug log's per-call line splits each call's time (see below).
     for r in 0 1; do
-      RUST_LOG=${RUST_LOG:-ringcc_verbs=debug} \
       RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
         RINGCC_NCHANNELS=$2 timeout 600 "$bin" bench --bytes "$BYTES" --iters "$ITERS" \
         --warmup 1 --out "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
     wait
-    # Rank 0's timed calls (call #0 is the warm-up), kept over the rounds.
-    sed 's/\x1b\[[0-9;]*m//g' "$OUT/$name-0.txt" | grep -a 'verbs: call done' \
-      | grep -v 'call=#0 ' >> "$OUT/$name.calls.txt"
     v=$(sed -n 's/.*"busbw_MBps":\([0-9.]*\).*/\1/p' "$OUT/$name.json" 2>/dev/null)
     echo "$name: ${v:-failed} MB/s"
     [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
@@ -201,14 +197,6 @@ median() { # median of the numbers on stdin, one per line (none: nothing)
   grep -E '^[0-9]+([.][0-9]*)?$' | sort -g \
     | awk '{v[NR]=$1} END {if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
 }
-time_split() { # where the time of rank 0's timed calls went: "post P% host H% wait W%"
-  # (post: inside ibv_post_send, where Soft-RoCE moves the bytes in the
-  # poster's thread; host: reductions and copies; wait: the rest, mostly
-  # waiting for the peer)
-  sed 's/\x1b\[[0-9;]*m//g' "$1" 2>/dev/null \
-    | sed -n 's/.*run_us=\([0-9]*\) host_us=\([0-9]*\) post_us=\([0-9]*\).*/\1 \2 \3/p' \
-    | awk '{r+=$1; h+=$2; p+=$3; n++} END {if (n && r) printf "post %.0f%% host %.0f%% wait %.0f%% (%d calls, %.0f ms each)", 100*p/r, 100*h/r, 100*(r-h-p)/r, n, r/n/1000}'
-}
 ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a failed run)
   paste -d' ' "$1" "$2" | awk -v d="${3:-1}" '$1+0 > 0 && $2+0 > 0 {printf "%.3f\n", $1/($2/d)}'
 }
@@ -242,8 +230,6 @@ if [ "$RUN_BENCH" = 1 ]; then
     a1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/base-c1.MBps.txt" | median || true)
     a2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/base-c2.MBps.txt" | median || true)
   fi
-  s1=$(time_split "$O/ringcc-c1.calls.txt")
-  s2=$(time_split "$O/ringcc-c2.calls.txt")
   {
     echo "# ringcc-verbs benchmark: Soft-RoCE (rxe0) in a qemu TCG VM, $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "# $BYTES-byte messages, $ROUNDS interleaved rounds (MB/s; each ratio is the median"
@@ -255,9 +241,6 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "#   (one direction, no reduction: the transport alone), and the perf AllReduce"
     echo "#   with a 4x FIFO (RINGCC_SLOT_BYTES=2M: a quarter of the messages per byte)"
     echo "#   ib_write_bw with 1 MiB messages (ringcc's default slice), same bytes"
-    echo "#   time_split: rank 0's timed verbs_rank calls: inside ibv_post_send (Soft-RoCE"
-    echo "#   moves the bytes there, in the poster's thread), host reductions and copies,"
-    echo "#   and the rest (waiting for the peer)"
     for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
@@ -270,8 +253,6 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ratio_2ch_vs_ib_write_bw=${r2:-?}"
     echo "ratio_1ch_vs_ib_write_bw_bidir_per_direction=${b1:-?}"
     echo "ratio_2ch_vs_ib_write_bw_bidir_per_direction=${b2:-?}"
-    echo "time_split_1ch=${s1:-?}"
-    echo "time_split_2ch=${s2:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw=${rp:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw_bidir_per_direction=${bp:-?}"
     echo "ringcc_perf_broadcast_busbw_2ch_MBps=${bc:-?}"
