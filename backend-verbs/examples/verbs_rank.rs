@@ -1,14 +1,17 @@
-//! One rank of a ringcc-verbs job: the process the Soft-RoCE tests and the
-//! benchmark start `n` times (rank, world size and address from
-//! `RINGCC_RANK`, `RINGCC_WORLD_SIZE`, `RINGCC_ADDR` or a launcher; tunables
-//! from `RINGCC_*`).
+//! One rank of a ringcc job over verbs: the process the Soft-RoCE tests
+//! and the benchmark start `n` times (rank, world size and address from
+//! `RINGCC_RANK`, `RINGCC_WORLD_SIZE`, `RINGCC_ADDR` or a launcher; the
+//! communicator's settings from `RINGCC_*` ([`Options::from_env`]), plus
+//! `RINGCC_SLOTS_PER_SLICE`; the transport's from `RINGCC_IB_*`).
 //!
 //! ```text
-//! verbs_rank suite [--sizes 0,1,1000] [--seed S] [--in-place]
+//! verbs_rank suite [--sizes 0,1,1000] [--seed S] [--in-place] [--shm]
 //!                                                 every collective, checked (every other
-//!                                                 call on registered buffers; --in-place:
-//!                                                 every call in place, NCCL's layout)
-//! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE] [--registered]
+//!                                                 call queued asynchronously; --in-place:
+//!                                                 every call in place, NCCL's layout;
+//!                                                 --shm: shared memory inside a node,
+//!                                                 verbs between nodes)
+//! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE]
 //! verbs_rank loop --bytes B --seconds S            allreduce until error/time
 //! verbs_rank mismatch                              rank 1 calls another count
 //! verbs_rank stall [--seconds S]                   rank 1 makes its second call S s late
@@ -17,15 +20,21 @@
 //! ```
 //!
 //! The last line is `RESULT rank=R ok …` or `RESULT rank=R error: …`.
-//! Exit status: 0 success, 2 an error returned by ringcc-verbs (what the
-//! fault modes expect), 1 a wrong result or bad usage.
+//! Exit status: 0 success, 2 an error returned by the communicator (what
+//! the fault modes expect), 1 a wrong result or bad usage.
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringcc_core::{verify, Collective, DataType, Plan, Rank, ReduceOp};
-use ringcc_verbs::{Call, Communicator, Config, Error, Fault, Launch};
+use ringcc_comm::launch::Launch;
+use ringcc_comm::transport::Transport;
+use ringcc_comm::{Communicator, Error, Options, Transports};
+use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::{verify, Call, Collective, DataType, Plan, Rank, ReduceOp};
+use ringcc_host::ShmTransport;
+use ringcc_verbs::{Fault, VerbsConfig, VerbsTransport};
 
 /// Rank `rank`'s input for `plan` (the core's exact test values: every
 /// reduction order gives the same bits).
@@ -78,6 +87,37 @@ fn usage(why: &str) -> ! {
     std::process::exit(1)
 }
 
+/// The communicator's settings: the environment's, with
+/// `RINGCC_SLOTS_PER_SLICE` (which [`Options::from_env`] does not read).
+fn options() -> Options {
+    let mut o = Options::from_env().unwrap_or_else(|e| usage(&e.to_string()));
+    if let Some(v) = std::env::var("RINGCC_SLOTS_PER_SLICE")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
+        let sps = v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| usage("RINGCC_SLOTS_PER_SLICE"));
+        o.geometry = FifoGeometry::new(o.geometry.slot_bytes(), sps)
+            .unwrap_or_else(|e| usage(&format!("RINGCC_SLOTS_PER_SLICE={sps}: {e}")));
+        o.validate().unwrap_or_else(|e| usage(&e.to_string()));
+    }
+    o
+}
+
+/// Verbs alone, or (`shm`) shared memory first, then verbs.
+fn transports(config: VerbsConfig, shm: bool) -> Transports {
+    Arc::new(move || {
+        let mut ts: Vec<Box<dyn Transport>> = Vec::new();
+        if shm {
+            ts.push(Box::new(ShmTransport::new()));
+        }
+        ts.push(Box::new(VerbsTransport::new(config.clone())));
+        ts
+    })
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -89,23 +129,35 @@ fn main() -> ExitCode {
         .init();
     let args = Args(std::env::args().skip(1).collect());
     let mode = args.0.first().cloned().unwrap_or_else(|| usage("no mode"));
-    let launch = Launch::from_env().unwrap_or_else(|e| usage(&e.to_string()));
+    let mut launch = Launch::from_env().unwrap_or_else(|e| usage(&e.to_string()));
     let rank = launch.rank;
-    let mut config = Config::from_env().unwrap_or_else(|e| usage(&e.to_string()));
+    let mut config = VerbsConfig::from_env().unwrap_or_else(|e| usage(&e.to_string()));
     if mode == "bad-rkey" && rank == Rank(1) {
         config.fault = Some(Fault::CorruptFifoRkey);
     }
     if mode == "stranger" {
-        return stranger(launch, config);
+        launch.token = "not-the-job-token".into();
     }
     let t0 = Instant::now();
-    let outcome = Communicator::new(launch, config).and_then(|mut comm| match mode.as_str() {
-        "suite" => suite(&mut comm, &args),
-        "bench" => bench(&mut comm, &args),
-        "loop" => run_loop(&mut comm, &args),
-        "mismatch" | "bad-rkey" => fault(&mut comm, &mode),
-        "stall" => stall(&mut comm, &args),
-        other => usage(&format!("unknown mode {other}")),
+    let comm = Communicator::from_launch(launch, options(), transports(config, args.flag("--shm")));
+    if mode == "stranger" {
+        return stranger(comm);
+    }
+    let outcome = comm.and_then(|comm| {
+        let r = match mode.as_str() {
+            "suite" => suite(&comm, &args),
+            "bench" => bench(&comm, &args),
+            "loop" => run_loop(&comm, &args),
+            "mismatch" | "bad-rkey" => fault(&comm, &mode),
+            "stall" => stall(&comm, &args),
+            other => usage(&format!("unknown mode {other}")),
+        };
+        // A clean close is part of the run (it sees the last credits
+        // out); after a failure the failure is what counts.
+        match r {
+            Ok(done) => comm.close().map(|()| done),
+            Err(e) => Err(e),
+        }
     });
     let secs = t0.elapsed().as_secs_f64();
     match outcome {
@@ -127,7 +179,15 @@ fn main() -> ExitCode {
 /// Ok(Ok(summary)) success; Ok(Err(why)) a wrong result; Err a ringcc error.
 type Outcome = Result<Result<String, String>, Error>;
 
-fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
+/// This rank's hops, as the tests read them: `hops out=verbs in=shm`.
+fn hops(comm: &Communicator) -> String {
+    match comm.hops().first() {
+        Some((out, inc)) => format!("hops out={out} in={inc}"),
+        None => "hops none".into(),
+    }
+}
+
+fn suite(comm: &Communicator, args: &Args) -> Outcome {
     let n = comm.world_size();
     let rank = comm.rank();
     let seed = args.num("--seed", 1);
@@ -164,43 +224,32 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
         let inp = input(&plan, op, rank.0, salt);
         let call = Call::new(collective, count, dtype, op);
         let what = format!("call {i}: {collective} count {count} {dtype} {op}");
+        // Every other call goes through the queue (`submit`: the
+        // progress thread runs it), the others block in this thread.
+        let queued = i % 2 == 1;
+        let (ib, ob) = call.buffer_bytes(n);
         let out = if in_place {
-            // One buffer, NCCL's in-place layout; every other call on a
-            // registered buffer (run twice, the input written again in
-            // between).
+            // One buffer, NCCL's in-place layout.
             let size = usize::from(dtype.size());
-            let (ib, ob) = call.buffer_bytes(n);
             let (io, oo) = call.in_place_offsets(rank.0);
             let (ia, oa) = (io as usize * size, oo as usize * size);
             let mut buf = vec![0xEEu8; ib.max(ob)];
             buf[ia..ia + ib].copy_from_slice(&inp);
-            if i % 2 == 1 {
-                let mut reg = comm.register(&mut buf)?;
-                comm.run_registered_in_place(call, &mut reg)?;
-                let b = reg.as_mut_slice();
-                b.fill(0xEE);
-                b[ia..ia + ib].copy_from_slice(&inp);
-                comm.run_registered_in_place(call, &mut reg)?;
+            if queued {
+                buf = comm.submit_in_place(call, buf)?.wait()?;
             } else {
-                comm.run_in_place(call, &mut buf)?;
+                comm.run_in_place(&call, &mut buf)?;
             }
             buf[oa..oa + ob].to_vec()
         } else {
-            let size = usize::from(dtype.size());
-            let mut out = vec![0xEEu8; plan.output_len() as usize * size];
-            if i % 2 == 1 {
-                // Every other call on registered buffers, run twice on
-                // the same registrations (the output reset in between).
-                let mut inp = inp.clone();
-                let reg_in = comm.register(&mut inp)?;
-                let mut reg_out = comm.register(&mut out)?;
-                comm.run_registered(call, &reg_in, &mut reg_out)?;
-                reg_out.as_mut_slice().fill(0xEE);
-                comm.run_registered(call, &reg_in, &mut reg_out)?;
+            let out = vec![0xEEu8; ob];
+            if queued {
+                comm.submit(call, inp.clone(), out)?.wait()?.1
             } else {
-                comm.run(call, &inp, &mut out)?;
+                let mut out = out;
+                comm.run(&call, &inp, &mut out)?;
+                out
             }
-            out
         };
         match expected(&plan, op, rank.0, salt) {
             Some(want) => {
@@ -222,90 +271,58 @@ fn suite(comm: &mut Communicator, args: &Args) -> Outcome {
         }
     }
     Ok(Ok(format!(
-        "{} calls{} on {n} ranks, {} channels",
+        "{} calls{} on {n} ranks, {} channels, {}",
         calls.len(),
         if in_place { " in place" } else { "" },
-        comm.channels()
+        comm.options().channels,
+        hops(comm)
     )))
 }
 
-fn allreduce_buffers(comm: &Communicator, bytes: u64) -> (Vec<u8>, Vec<u8>) {
+fn allreduce_buffers(comm: &Communicator, bytes: u64) -> (Vec<f32>, Vec<f32>) {
     let count = (bytes / 4) as usize;
     let v = (comm.rank().0 + 1) as f32;
-    let inp: Vec<u8> = std::iter::repeat_n(v.to_ne_bytes(), count)
-        .flatten()
-        .collect();
-    (inp, vec![0u8; count * 4])
+    (vec![v; count], vec![0.0; count])
 }
 
-fn check_sum(comm: &Communicator, out: &[u8]) -> Result<(), String> {
+fn check_sum(comm: &Communicator, out: &[f32]) -> Result<(), String> {
     let n = comm.world_size() as f32;
     let want = n * (n + 1.0) / 2.0;
-    for (i, c) in out.chunks_exact(4).enumerate() {
-        let got = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-        if got != want {
-            return Err(format!("element {i} is {got}, expected {want}"));
-        }
+    match out.iter().position(|&got| got != want) {
+        Some(i) => Err(format!("element {i} is {}, expected {want}", out[i])),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-/// `warmup` untimed calls of `one`, then the mean time of `iters` more (s).
-fn timed(
-    comm: &mut Communicator,
-    warmup: u64,
-    iters: u64,
-    mut one: impl FnMut(&mut Communicator) -> Result<(), Error>,
-) -> Result<f64, Error> {
-    for _ in 0..warmup {
-        one(comm)?;
-    }
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        one(comm)?;
-    }
-    Ok(t0.elapsed().as_secs_f64() / iters as f64)
-}
-
-fn bench(comm: &mut Communicator, args: &Args) -> Outcome {
+fn bench(comm: &Communicator, args: &Args) -> Outcome {
     let bytes = args.num("--bytes", 16 << 20);
     let iters = args.num("--iters", 5).max(1);
     let warmup = args.num("--warmup", 1);
-    let (mut inp, mut out) = allreduce_buffers(comm, bytes);
-    let call = Call {
-        collective: Collective::AllReduce,
-        count: bytes / 4,
-        dtype: DataType::F32,
-        op: ReduceOp::Sum,
-    };
-    let t = if args.flag("--registered") {
-        // The buffers registered once (as `ncclCommRegister`), every
-        // call on them.
-        let reg_in = comm.register(&mut inp)?;
-        let mut reg_out = comm.register(&mut out)?;
-        timed(comm, warmup, iters, |c| {
-            c.run_registered(call, &reg_in, &mut reg_out)
-        })?
-    } else {
-        timed(comm, warmup, iters, |c| c.run(call, &inp, &mut out))?
-    };
+    let (inp, mut out) = allreduce_buffers(comm, bytes);
+    for _ in 0..warmup {
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
+    }
+    let t = t0.elapsed().as_secs_f64() / iters as f64;
     if let Err(e) = check_sum(comm, &out) {
         return Ok(Err(e));
     }
     let n = comm.world_size();
+    let channels = comm.options().channels;
     let algbw = bytes as f64 / t / 1e6;
     let busbw = algbw * Collective::AllReduce.bus_factor(n);
     let line = format!(
-        "bytes={bytes} ranks={n} channels={} iters={iters} time_us={:.0} algbw_MBps={algbw:.2} busbw_MBps={busbw:.2}",
-        comm.channels(),
+        "bytes={bytes} ranks={n} channels={channels} iters={iters} time_us={:.0} algbw_MBps={algbw:.2} busbw_MBps={busbw:.2}",
         t * 1e6
     );
     if comm.rank() == Rank(0) {
         println!("BENCH allreduce {line}");
         if let Some(path) = args.value("--out") {
             let json = format!(
-                "{{\"collective\":\"allreduce\",\"bytes\":{bytes},\"ranks\":{n},\"channels\":{},\"iters\":{iters},\"time_us\":{:.1},\"algbw_MBps\":{algbw:.3},\"busbw_MBps\":{busbw:.3}}}\n",
-                comm.channels(),
+                "{{\"collective\":\"allreduce\",\"bytes\":{bytes},\"ranks\":{n},\"channels\":{channels},\"iters\":{iters},\"time_us\":{:.1},\"algbw_MBps\":{algbw:.3},\"busbw_MBps\":{busbw:.3}}}\n",
                 t * 1e6
             );
             if let Err(e) = std::fs::write(path, json) {
@@ -316,14 +333,14 @@ fn bench(comm: &mut Communicator, args: &Args) -> Outcome {
     Ok(Ok(line))
 }
 
-fn run_loop(comm: &mut Communicator, args: &Args) -> Outcome {
+fn run_loop(comm: &Communicator, args: &Args) -> Outcome {
     let bytes = args.num("--bytes", 1 << 20);
     let limit = Duration::from_secs(args.num("--seconds", 60));
     let (inp, mut out) = allreduce_buffers(comm, bytes);
     let t0 = Instant::now();
     let mut iters = 0u64;
     while t0.elapsed() < limit {
-        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum)?;
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
         iters += 1;
         if iters == 1 {
             println!("READY rank={}", comm.rank());
@@ -333,41 +350,40 @@ fn run_loop(comm: &mut Communicator, args: &Args) -> Outcome {
     Ok(Ok(format!("{iters} iterations")))
 }
 
-fn fault(comm: &mut Communicator, mode: &str) -> Outcome {
+fn fault(comm: &Communicator, mode: &str) -> Outcome {
     let count = if mode == "mismatch" && comm.rank() == Rank(1) {
         1030
     } else {
         1024
     };
-    let inp = vec![1u8; count * 4];
-    let mut out = vec![0u8; count * 4];
+    let inp = vec![1u32; count];
+    let mut out = vec![0u32; count];
     // A healthy call first, then the faulty one.
     if mode == "mismatch" {
-        let (i, mut o) = (vec![0u8; 64], vec![0u8; 64]);
-        comm.all_reduce(&i, &mut o, DataType::U32, ReduceOp::Sum)?;
+        let (i, mut o) = (vec![0u32; 16], vec![0u32; 16]);
+        comm.all_reduce(&i, &mut o, ReduceOp::Sum)?;
     }
-    comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
+    comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
     Ok(Err(format!("{mode}: the faulty call succeeded")))
 }
 
 /// A healthy call, then rank 1 stays away for `--seconds` (default 8)
 /// before the second: the others' engines time out and report what their
 /// channels wait for; rank 1 then finds the job aborted.
-fn stall(comm: &mut Communicator, args: &Args) -> Outcome {
-    let inp = vec![1u8; 4096];
-    let mut out = vec![0u8; 4096];
-    comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
+fn stall(comm: &Communicator, args: &Args) -> Outcome {
+    let inp = vec![1u32; 1024];
+    let mut out = vec![0u32; 1024];
+    comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
     if comm.rank() == Rank(1) {
         std::thread::sleep(Duration::from_secs(args.num("--seconds", 8)));
     }
-    comm.all_reduce(&inp, &mut out, DataType::U32, ReduceOp::Sum)?;
+    comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
     Ok(Err("stall: the late call succeeded".into()))
 }
 
-fn stranger(mut launch: Launch, config: Config) -> ExitCode {
-    launch.token = "not-the-job-token".into();
-    match Communicator::new(launch, config) {
-        Err(Error::Rejected { reason }) => {
+fn stranger(comm: Result<Communicator, Error>) -> ExitCode {
+    match comm {
+        Err(Error::Stranger { reason, .. }) => {
             println!("RESULT rank=stranger ok rejected: {reason}");
             ExitCode::SUCCESS
         }

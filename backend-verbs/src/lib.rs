@@ -1,65 +1,101 @@
-//! # ringcc-verbs: ring collectives over RDMA reliable connections
+//! # ringcc-verbs: RDMA reliable connections as a ringcc transport
 //!
-//! One process per rank, as with NCCL. A [`Communicator`] connects, per
-//! channel, one RC queue pair to its ring successor and one from its
-//! predecessor, on the NIC the core's topology assigns to the channel
-//! (`RINGCC_IB_HCA` maps NIC indices to devices). The schedule is the
-//! core's: one progress [`Engine`](ringcc_core::Engine) per communicator
-//! drives a machine per channel, and this crate only turns completions
-//! into the engine's events, carries out the actions it hands out, and
-//! waits, which is what every ringcc backend does.
+//! [`VerbsTransport`] is a [`Transport`](ringcc_comm::transport::Transport)
+//! of the communicator ([`ringcc_comm::Communicator`]), which owns
+//! everything else: the bootstrap, the ring, the core's progress engine
+//! and its one drive loop, the host executor, calls, abort. This crate
+//! only moves slices and counters between a rank and its ring
+//! neighbours, over RC queue pairs on rdma-core (through `sideway`):
 //!
-//! The data path is one-sided. Each receiver registers its 8-slot FIFO
-//! (and a call-header mailbox) for remote write and advertises address,
-//! rkey and capacity at connect time. The sender reduces or copies a
-//! slice on the host with the core's kernels, then RDMA-WRITEs it into the
-//! successor's slot, the last write WRITE WITH IMMEDIATE carrying the new
-//! `tail` ([`ringcc_core::protocol::post`] forms the requests and checks the
-//! capacity first). The receiver learns of the data from the completion,
-//! consumes it, and returns credit by writing its `head` into the
-//! sender's registered counter (also with an immediate, so that an idle
-//! rank sleeps on its completion channel instead of spinning). The
-//! caller's buffers are registered for local access only: by every call,
-//! or once with [`Communicator::register`] (as NCCL's `ncclCommRegister`)
-//! for the calls of [`Communicator::run_registered`].
+//! ```no_run
+//! use ringcc_comm::launch::Launch;
+//! use ringcc_comm::{Communicator, Options};
+//! use ringcc_core::ReduceOp;
 //!
-//! Setup goes through the TCP store rank 0 serves
-//! ([`ringcc_comm::store::tcp`]): each rank presents the job token, then
-//! the ranks exchange node names, settings and queue-pair addresses
-//! through its keys. The store carries abort notices afterwards: a rank
-//! that fails publishes the job's notice, every rank's watcher thread
-//! sees it (or sees rank 0's store vanish, or the store sees a rank
-//! vanish and publishes the notice itself), and every rank's next wait
-//! returns [`Error::Aborted`]. Every wait has a deadline
-//! ([`Config::timeout`] without progress).
+//! let comm = Communicator::from_launch(
+//!     Launch::from_env()?,
+//!     Options::from_env()?,
+//!     ringcc_verbs::transports(ringcc_verbs::VerbsConfig::from_env().map_err(|e| e.into_comm("config"))?),
+//! )?;
+//! let mut x = vec![1.0f32; 1 << 20];
+//! comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+//! comm.close()?;
+//! # Ok::<(), ringcc_comm::Error>(())
+//! ```
 //!
-//! Layers: [`launch`] (who am I, from mpirun / srun / torchrun or
-//! `RINGCC_*`: ringcc-comm's), [`Config`], `abort` (the abort flag and
-//! the watcher), `setup` (the store rounds), `ib` (rdma-core through
-//! `sideway`: devices, registered memory, queue pairs with typestates,
-//! completion queues with events), `conn` (a channel's two connections),
-//! `transport` (completions → events, the wait, the call loop around the
-//! engine) and `exec` (an action → host work and work requests),
-//! [`Communicator`].
+//! (or [`communicator_from_env`]; a transport list may hold other
+//! transports too, e.g. shared memory first and verbs between nodes).
+//!
+//! Per hop, the receiver registers its FIFO and a call-header mailbox
+//! for remote write ([`listen`](ringcc_comm::transport::Transport::listen));
+//! the sender keeps a registered staging copy of the FIFO, which the
+//! executor writes the slice into, and posts the core's work requests
+//! for it unpatched ([`ringcc_core::protocol::post`]: RDMA WRITEs, the
+//! last WITH IMMEDIATE carrying the new `tail`); the receiver turns the
+//! completion and the mailbox into the engine's events
+//! ([`ringcc_core::protocol::arrival`]), lets the executor read the slot
+//! in place, and returns credit as a small RDMA WRITE WITH IMMEDIATE
+//! into the sender's counter. The caller's buffers never meet the NIC.
+//! What the two ends of a hop need of each other (queue pair address,
+//! addresses and keys) goes through the job's store while connecting
+//! (`exchange`). An idle rank sleeps on its bell; a thread per
+//! communicator rings it when a NIC completes something (`wake`).
+//!
+//! Layers: `ib` (rdma-core through `sideway` and, for completion
+//! events, its raw bindings: devices, registered memory, queue pairs
+//! with typestates, completion queues on a channel) → `send` / `recv`
+//! (the two ends, with the bookkeeping of what is in flight in
+//! `inflight`) → [`VerbsTransport`] (devices, the connecting phases).
+//! [`VerbsConfig`] holds the transport's settings (`RINGCC_IB_*`); the
+//! communicator's are [`ringcc_comm::Options`]. [`Communicator`] and
+//! [`Config`] keep 0.1's API alive over all this for its last caller
+//! (`compat`).
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
-mod abort;
-mod comm;
+mod compat;
 mod config;
-mod conn;
 mod error;
-mod exec;
+mod exchange;
 mod ib;
-mod setup;
+mod inflight;
+mod recv;
+mod send;
 mod transport;
+mod wake;
 
-pub use comm::{AbortHandle, Call, Communicator, Registered};
-pub use config::{Config, Fault};
-pub use error::{Error, Result};
+use std::sync::Arc;
+
+pub use compat::{Call, Communicator, Config, Registered};
+pub use config::{Fault, VerbsConfig};
+pub use error::{BoxError, Error, Result};
 pub use ringcc_comm::launch::{self, Launch, Launcher};
-pub use setup::MAX_RANKS;
+pub use ringcc_core::MAX_RANKS;
+pub use transport::VerbsTransport;
 
 /// Names of the RDMA devices on this host (empty when rdma-core or its
 /// providers are missing).
 pub fn devices() -> Vec<String> {
     ib::nic::device_names().unwrap_or_default()
+}
+
+/// A communicator's transport list of verbs alone, with `config`'s
+/// settings (one [`VerbsTransport`] per communicator, splits included).
+pub fn transports(config: VerbsConfig) -> ringcc_comm::Transports {
+    Arc::new(move || {
+        vec![Box::new(VerbsTransport::new(config.clone()))
+            as Box<dyn ringcc_comm::transport::Transport>]
+    })
+}
+
+/// The communicator of this process over verbs alone, from the
+/// launcher's environment (mpirun, srun, torchrun or `RINGCC_*`:
+/// [`ringcc_comm::launch`]) with [`ringcc_comm::Options::from_env`] and
+/// [`VerbsConfig::from_env`].
+pub fn communicator_from_env() -> ringcc_comm::Result<ringcc_comm::Communicator> {
+    let launch = Launch::from_env()?;
+    let options = ringcc_comm::Options::from_env()?;
+    let config = VerbsConfig::from_env().map_err(|e| e.into_comm("VerbsConfig::from_env"))?;
+    ringcc_comm::Communicator::from_launch(launch, options, transports(config))
 }

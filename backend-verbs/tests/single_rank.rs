@@ -1,10 +1,15 @@
-//! A one-rank communicator needs no RDMA device: the whole API (store,
-//! setup, plans, machines, buffers, errors) runs everywhere.
+//! What runs without an RDMA device: a communicator of one rank with the
+//! verbs transport (it needs no hop), the transport not offering itself
+//! on a host without devices, and the 0.1 API kept for the CLI.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use ringcc_core::{verify, Collective, DataType, Plan, Rank, ReduceOp};
-use ringcc_verbs::{Call, Communicator, Config, Error, Launch, Launcher};
+use ringcc_comm::store::MemStore;
+use ringcc_comm::transport::Transport;
+use ringcc_comm::{Communicator, Options};
+use ringcc_core::{verify, Call, Collective, DataType, Plan, Rank, ReduceOp};
+use ringcc_verbs::{Launch, Launcher, VerbsConfig, VerbsTransport};
 
 /// Rank `rank`'s input for `plan` (the core's exact test values).
 fn input(plan: &Plan, op: ReduceOp, rank: u32, salt: u64) -> Vec<u8> {
@@ -26,23 +31,35 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-fn one_rank() -> Communicator {
-    let launch = Launch {
+fn launch() -> Launch {
+    Launch {
         rank: Rank(0),
         world_size: 1,
         addr: format!("127.0.0.1:{}", free_port()),
         token: "t".into(),
         launcher: Launcher::Ringcc,
-    };
-    let mut config = Config::default();
-    config.connect_timeout = Duration::from_secs(10);
-    Communicator::new(launch, config).unwrap()
+    }
 }
 
+fn options() -> Options {
+    Options {
+        timeout: Duration::from_secs(10),
+        ..Options::default()
+    }
+}
+
+/// One rank over rank 0's TCP store, as a launcher starts it, with verbs
+/// as its only transport: every collective, out of place and in place.
 #[test]
-fn every_collective_on_one_rank_equals_the_reference() {
-    let mut comm = one_rank();
+fn one_rank_with_verbs_runs_every_collective() {
+    let comm = Communicator::from_launch(
+        launch(),
+        options(),
+        ringcc_verbs::transports(VerbsConfig::default()),
+    )
+    .unwrap();
     assert_eq!((comm.rank(), comm.world_size()), (Rank(0), 1));
+    assert!(comm.hops().is_empty());
     let mut i = 0u64;
     for collective in [
         Collective::AllReduce,
@@ -58,207 +75,118 @@ fn every_collective_on_one_rank_equals_the_reference() {
         ] {
             for count in [0u64, 1, 17, 100_000] {
                 i += 1;
-                let plan = Plan::new(collective, count, dtype, 1, 1, 64).unwrap();
-                let inp = input(&plan, op, 0, i);
-                let mut out = vec![0u8; plan.output_len() as usize * dtype.size() as usize];
-                let call = Call {
-                    collective,
-                    count,
-                    dtype,
-                    op,
-                };
-                comm.run(call, &inp, &mut out).unwrap();
-                assert_eq!(
-                    Some(out),
-                    expected(&plan, op, 0, i),
-                    "{collective} {count} {dtype} {op}"
-                );
-            }
-        }
-    }
-    assert_eq!(comm.calls(), i);
-}
-
-/// In place: one buffer, the input at `in_place_offsets(rank).0`, the
-/// output read back at `.1` (on one rank every offset is 0, and the
-/// buffer is as long as the larger side).
-#[test]
-fn every_collective_in_place_on_one_rank_equals_the_reference() {
-    let mut comm = one_rank();
-    let mut i = 0u64;
-    for collective in [
-        Collective::AllReduce,
-        Collective::ReduceScatter,
-        Collective::AllGather,
-        Collective::Broadcast { root: Rank(0) },
-        Collective::Reduce { root: Rank(0) },
-    ] {
-        for (dtype, op) in [
-            (DataType::F32, ReduceOp::Sum),
-            (DataType::I8, ReduceOp::Avg),
-        ] {
-            for count in [0u64, 1, 17, 100_000] {
-                i += 1;
                 let call = Call::new(collective, count, dtype, op);
                 let plan = Plan::new(collective, count, dtype, 1, 1, 64).unwrap();
+                let inp = input(&plan, op, 0, i);
+                let want = expected(&plan, op, 0, i);
+                let mut out = vec![0u8; plan.output_len() as usize * dtype.size() as usize];
+                comm.run(&call, &inp, &mut out).unwrap();
+                assert_eq!(Some(out), want, "{collective} {count} {dtype} {op}");
+                // In place: on one rank every offset is 0.
                 let (ib, ob) = call.buffer_bytes(1);
-                let (io, oo) = call.in_place_offsets(0);
-                let e = usize::from(dtype.size());
                 let mut buf = vec![0xEEu8; ib.max(ob)];
-                let at = io as usize * e;
-                buf[at..at + ib].copy_from_slice(&input(&plan, op, 0, i));
-                if i.is_multiple_of(2) {
-                    comm.run_in_place(call, &mut buf).unwrap();
-                } else {
-                    let mut reg = comm.register(&mut buf).unwrap();
-                    comm.run_registered_in_place(call, &mut reg).unwrap();
-                }
-                let at = oo as usize * e;
+                buf[..ib].copy_from_slice(&inp);
+                comm.run_in_place(&call, &mut buf).unwrap();
                 assert_eq!(
-                    Some(buf[at..at + ob].to_vec()),
-                    expected(&plan, op, 0, i),
+                    Some(buf[..ob].to_vec()),
+                    want,
                     "in place: {collective} {count} {dtype} {op}"
                 );
             }
         }
     }
-    assert_eq!(comm.calls(), i);
-    // The one buffer must hold the larger side exactly.
-    let mut short = vec![0u8; 12];
-    assert!(matches!(
-        comm.run_in_place(
-            Call::all_reduce(4, DataType::F32, ReduceOp::Sum),
-            &mut short
-        ),
-        Err(Error::BadBuffer {
-            which: "in-place",
-            expected: 16,
-            got: 12
-        })
-    ));
+    assert_eq!(comm.calls(), 2 * i);
+    comm.close().unwrap();
 }
 
+/// On a host without RDMA devices (or without rdma-core) the transport
+/// does not offer itself — no error — and a job of two ranks with verbs
+/// alone fails to connect saying no transport reaches.
 #[test]
-fn wrong_buffer_sizes_are_typed_errors_and_poison_the_communicator() {
-    let mut comm = one_rank();
-    let inp = vec![0u8; 12];
-    let mut out = vec![0u8; 8];
-    match comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum) {
-        Err(Error::BadBuffer {
+fn without_a_device_verbs_is_not_offered_and_two_ranks_find_no_transport() {
+    if !ringcc_verbs::devices().is_empty() {
+        eprintln!("skipped: this host has RDMA devices");
+        return;
+    }
+    let mut t = VerbsTransport::new(VerbsConfig::default());
+    assert_eq!(t.name(), "verbs");
+    assert_eq!(t.publish("t", Rank(0)).unwrap(), None);
+    // Naming a device changes nothing when there is none at all.
+    let mut named = VerbsConfig::default();
+    named.devices = vec!["mlx5_0".into()];
+    assert_eq!(
+        VerbsTransport::new(named).publish("t", Rank(0)).unwrap(),
+        None
+    );
+
+    let store = Arc::new(MemStore::new());
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                Communicator::new(
+                    Rank(r),
+                    2,
+                    store,
+                    "no-device",
+                    options(),
+                    ringcc_verbs::transports(VerbsConfig::default()),
+                )
+                .map(|_| ())
+            })
+        })
+        .collect();
+    for h in ranks {
+        match h.join().unwrap() {
+            Err(ringcc_comm::Error::BadConfig(why)) => {
+                assert!(why.contains("no transport reaches"), "{why}")
+            }
+            other => panic!("expected no transport, got {other:?}"),
+        }
+    }
+}
+
+/// The 0.1 API the `ringcc perf --backend verbs` command still uses, on
+/// one rank: calls by value on `&mut self`, "registered" buffers (only
+/// borrowed now), the communicator's errors inside `Error::Comm`, and the
+/// communicator underneath.
+#[test]
+fn the_compatibility_api_runs_calls_and_reports_the_communicators_errors() {
+    let mut config = ringcc_verbs::Config::from_env().unwrap();
+    config.options.timeout = Duration::from_secs(10);
+    config.channels = 1;
+    let mut comm = ringcc_verbs::Communicator::new(launch(), config).unwrap();
+    assert_eq!(
+        (comm.rank(), comm.world_size(), comm.channels()),
+        (Rank(0), 1, 1)
+    );
+    let count = 1000u64;
+    let (dtype, op) = (DataType::F32, ReduceOp::Sum);
+    let call = Call::new(Collective::AllReduce, count, dtype, op);
+    let plan = Plan::new(Collective::AllReduce, count, dtype, 1, 1, 64).unwrap();
+    let mut inp = input(&plan, op, 0, 7);
+    let mut out = vec![0u8; inp.len()];
+    comm.run(call, &inp, &mut out).unwrap();
+    assert_eq!(Some(out.clone()), expected(&plan, op, 0, 7));
+    {
+        let reg_in = comm.register(&mut inp).unwrap();
+        let mut reg_out = comm.register(&mut out).unwrap();
+        reg_out.as_mut_slice().fill(0);
+        comm.run_registered(call, &reg_in, &mut reg_out).unwrap();
+        assert_eq!(Some(reg_out.as_slice().to_vec()), expected(&plan, op, 0, 7));
+    }
+    let mut buf = inp.clone();
+    comm.run_in_place(call, &mut buf).unwrap();
+    assert_eq!(Some(buf), expected(&plan, op, 0, 7));
+    assert_eq!(comm.calls(), 3);
+    let mut short = vec![0u8; 8];
+    match comm.run(call, &inp, &mut short) {
+        Err(ringcc_verbs::Error::Comm(ringcc_comm::Error::BadBuffer {
             which: "output",
-            expected: 12,
+            expected: 4000,
             got: 8,
-        }) => {}
+        })) => {}
         other => panic!("expected a bad output buffer, got {other:?}"),
     }
-    let mut out = vec![0u8; 12];
-    assert!(matches!(
-        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum),
-        Err(Error::Poisoned { .. })
-    ));
-}
-
-#[test]
-fn odd_byte_counts_are_refused() {
-    let mut comm = one_rank();
-    let inp = vec![0u8; 6];
-    let mut out = vec![0u8; 6];
-    assert!(matches!(
-        comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum),
-        Err(Error::BadBuffer { which: "input", .. })
-    ));
-}
-
-#[test]
-fn an_abort_handle_fails_the_next_call_and_never_blocks() {
-    let mut comm = one_rank();
-    let h = comm.abort_handle();
-    let t0 = std::time::Instant::now();
-    h.abort("operator pressed ctrl-c");
-    assert!(t0.elapsed() < Duration::from_secs(1));
-    let inp = vec![0u8; 4];
-    let mut out = vec![0u8; 4];
-    match comm.all_reduce(&inp, &mut out, DataType::F32, ReduceOp::Sum) {
-        Err(Error::Aborted {
-            rank: Some(Rank(0)),
-            reason,
-        }) => assert!(reason.contains("ctrl-c")),
-        other => panic!("expected an abort, got {other:?}"),
-    }
-}
-
-#[test]
-fn registered_buffers_run_many_calls_and_equal_the_reference() {
-    let mut comm = one_rank();
-    let count = 10_000u64;
-    let (dtype, op) = (DataType::F32, ReduceOp::Sum);
-    let plan = Plan::new(Collective::AllReduce, count, dtype, 1, 1, 64).unwrap();
-    let bytes = count as usize * 4;
-    let mut inp = vec![0u8; bytes];
-    let mut out = vec![0u8; bytes];
-    let input_reg = comm.register(&mut inp).unwrap();
-    let mut output_reg = comm.register(&mut out).unwrap();
-    assert_eq!((input_reg.len(), output_reg.is_empty()), (bytes, false));
-    let mut input_reg = input_reg;
-    for salt in 1..=3u64 {
-        // New data in the registered input between calls.
-        input_reg
-            .as_mut_slice()
-            .copy_from_slice(&input(&plan, op, 0, salt));
-        output_reg.as_mut_slice().fill(0xAB);
-        let call = Call {
-            collective: Collective::AllReduce,
-            count,
-            dtype,
-            op,
-        };
-        comm.run_registered(call, &input_reg, &mut output_reg)
-            .unwrap();
-        assert_eq!(
-            Some(output_reg.as_slice().to_vec()),
-            expected(&plan, op, 0, salt),
-            "call {salt}"
-        );
-    }
-    assert_eq!(comm.calls(), 3);
-    // The wrong length is the same typed error as for plain buffers.
-    let call = Call {
-        collective: Collective::AllReduce,
-        count: count + 1,
-        dtype,
-        op,
-    };
-    assert!(matches!(
-        comm.run_registered(call, &input_reg, &mut output_reg),
-        Err(Error::BadBuffer { which: "input", .. })
-    ));
-}
-
-#[test]
-fn a_buffer_registered_with_another_communicator_is_refused() {
-    let mut a = one_rank();
-    let b = one_rank();
-    let mut inp = vec![0u8; 64];
-    let mut out = vec![0u8; 64];
-    let theirs = b.register(&mut inp).unwrap();
-    let mut mine = a.register(&mut out).unwrap();
-    let call = Call {
-        collective: Collective::AllReduce,
-        count: 16,
-        dtype: DataType::F32,
-        op: ReduceOp::Sum,
-    };
-    match a.run_registered(call, &theirs, &mut mine) {
-        Err(Error::ForeignRegistration { what: "input" }) => {}
-        other => panic!("expected a foreign input registration, got {other:?}"),
-    }
-    // As with any misuse, the communicator is unusable afterwards.
-    let mut fresh = vec![0u8; 64];
-    assert!(matches!(
-        a.all_reduce(&fresh.clone(), &mut fresh, DataType::F32, ReduceOp::Sum),
-        Err(Error::Poisoned { .. })
-    ));
-    // The registration outlives the communicator that made it.
-    drop(b);
-    assert_eq!(theirs.len(), 64);
+    comm.into_inner().close().unwrap();
 }

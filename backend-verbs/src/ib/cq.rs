@@ -1,13 +1,15 @@
-//! Completion queues with an event channel, so that an idle rank sleeps
-//! instead of spinning (it shares its CPUs with other ranks and, on
-//! Soft-RoCE, with the NIC itself).
+//! Completion queues, each bound to its NIC's completion channel, so that
+//! a thread can sleep until one of them completes something (see
+//! [`crate::wake`]).
 //!
 //! Layers: `raw` (rdma-core's `ibv_req_notify_cq`, `ibv_get_cq_event`,
 //! `ibv_ack_cq_events`, which sideway does not wrap) → checked functions
-//! returning `Result` → the safe [`EventCqs`].
+//! returning `Result` → the safe [`CqChannel`], which creates every CQ
+//! of its channel and keeps it alive as long as it lives, so an event's
+//! CQ is always one it can still arm.
 
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ringcc_core::wire::{Completion, WcOpcode, WcStatus};
@@ -17,15 +19,17 @@ use super::nic::Nic;
 use crate::error::{Error, Result};
 
 mod raw {
-    pub use rdma_mummy_sys::{ibv_ack_cq_events, ibv_get_cq_event, ibv_req_notify_cq};
+    pub use rdma_mummy_sys::{ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_req_notify_cq};
 }
 
 /// Checked `ibv_req_notify_cq`: the next completion on `cq` raises an
 /// event on its channel.
-fn req_notify(cq: &BasicCompletionQueue, device: &str) -> Result<()> {
-    // SAFETY: `cq` is a live CQ (the reference keeps it alive for the
-    // call); solicited_only = 0.
-    let rc = unsafe { raw::ibv_req_notify_cq(cq.cq().as_ptr(), 0) };
+///
+/// # Safety
+/// `cq` is a live CQ.
+unsafe fn req_notify(cq: *mut raw::ibv_cq, device: &str) -> Result<()> {
+    // SAFETY: the caller's promise; solicited_only = 0.
+    let rc = unsafe { raw::ibv_req_notify_cq(cq, 0) };
     if rc != 0 {
         return Err(Error::Verbs {
             call: "ibv_req_notify_cq",
@@ -36,9 +40,9 @@ fn req_notify(cq: &BasicCompletionQueue, device: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checked `ibv_get_cq_event` on a non-blocking channel: whether an event
-/// was taken (and acknowledged).
-fn take_event(channel: &CompletionChannel, device: &str) -> Result<bool> {
+/// Checked `ibv_get_cq_event` on a non-blocking channel: the CQ of the
+/// event taken, if there was one. The event still has to be acknowledged.
+fn get_event(channel: &CompletionChannel, device: &str) -> Result<Option<*mut raw::ibv_cq>> {
     let mut cq = std::ptr::null_mut();
     let mut ctx = std::ptr::null_mut();
     // SAFETY: the channel is live; `cq` and `ctx` are out-parameters.
@@ -46,7 +50,7 @@ fn take_event(channel: &CompletionChannel, device: &str) -> Result<bool> {
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
-            return Ok(false);
+            return Ok(None);
         }
         return Err(Error::Verbs {
             call: "ibv_get_cq_event",
@@ -54,24 +58,21 @@ fn take_event(channel: &CompletionChannel, device: &str) -> Result<bool> {
             source: e.into(),
         });
     }
-    // SAFETY: `cq` was just returned by ibv_get_cq_event and is one of
-    // this channel's CQs, alive while the channel's owner lives; one event
-    // acknowledged.
-    unsafe { raw::ibv_ack_cq_events(cq, 1) };
-    Ok(true)
+    Ok(Some(cq))
 }
 
-/// A send CQ and a receive CQ sharing one event channel.
-pub(crate) struct EventCqs {
-    pub device: String,
-    pub send: Arc<BasicCompletionQueue>,
-    pub recv: Arc<BasicCompletionQueue>,
+/// One NIC's completion channel and every CQ bound to it.
+///
+/// Field order: the CQs go before the channel they are bound to.
+pub(crate) struct CqChannel {
+    device: String,
+    cqs: Mutex<Vec<Arc<BasicCompletionQueue>>>,
     channel: Arc<CompletionChannel>,
 }
 
-impl EventCqs {
-    /// CQs of `send_cqe` / `recv_cqe` entries on `nic`.
-    pub fn new(nic: &Nic, send_cqe: u32, recv_cqe: u32) -> Result<EventCqs> {
+impl CqChannel {
+    /// A non-blocking completion channel on `nic`.
+    pub fn new(nic: &Nic) -> Result<CqChannel> {
         let dev = nic.name.as_str();
         let channel = nic
             .ctx
@@ -80,44 +81,46 @@ impl EventCqs {
         channel
             .set_nonblocking(true)
             .map_err(Error::verbs("fcntl(O_NONBLOCK)", dev))?;
-        let mut b = nic.ctx.create_cq_builder();
-        b.setup_comp_channel(&channel, 0);
-        let send = b
-            .setup_cqe(send_cqe.max(1))
-            .build()
-            .map_err(Error::verbs("ibv_create_cq", dev))?;
-        let recv = b
-            .setup_cqe(recv_cqe.max(1))
-            .build()
-            .map_err(Error::verbs("ibv_create_cq", dev))?;
-        Ok(EventCqs {
+        Ok(CqChannel {
             device: dev.to_owned(),
-            send,
-            recv,
+            cqs: Mutex::new(Vec::new()),
             channel,
         })
     }
 
-    /// Completions of the send queue, appended to `out`.
-    pub fn poll_send(&self, out: &mut Vec<Completion>) -> Result<()> {
-        poll(&self.send, &self.device, out)
+    /// A CQ of `cqe` entries on `nic` (this channel's), bound to this
+    /// channel and armed: its next completion raises an event.
+    pub fn cq(&self, nic: &Nic, cqe: u32) -> Result<Arc<BasicCompletionQueue>> {
+        let mut b = nic.ctx.create_cq_builder();
+        b.setup_comp_channel(&self.channel, 0);
+        let cq = b
+            .setup_cqe(cqe.max(1))
+            .build()
+            .map_err(Error::verbs("ibv_create_cq", &self.device))?;
+        // SAFETY: `cq` is alive (we hold it).
+        unsafe { req_notify(cq.cq().as_ptr(), &self.device)? };
+        self.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::clone(&cq));
+        Ok(cq)
     }
 
-    /// Completions of the receive queue, appended to `out`.
-    pub fn poll_recv(&self, out: &mut Vec<Completion>) -> Result<()> {
-        poll(&self.recv, &self.device, out)
-    }
-
-    /// Asks for an event on the next completion of either queue.
-    pub fn arm(&self) -> Result<()> {
-        req_notify(&self.send, &self.device)?;
-        req_notify(&self.recv, &self.device)
-    }
-
-    /// Takes (and acknowledges) every pending event.
-    pub fn drain_events(&self) -> Result<()> {
-        while take_event(&self.channel, &self.device)? {}
-        Ok(())
+    /// Takes every pending event: re-arms its CQ, then acknowledges it.
+    /// Whether any was taken.
+    pub fn take_events(&self) -> Result<bool> {
+        let mut any = false;
+        while let Some(cq) = get_event(&self.channel, &self.device)? {
+            any = true;
+            // SAFETY: the event names a CQ bound to this channel; every
+            // such CQ was made by `cq` and is kept alive by `self.cqs`
+            // as long as `self` lives.
+            let armed = unsafe { req_notify(cq, &self.device) };
+            // SAFETY: as above; one event taken, one acknowledged.
+            unsafe { raw::ibv_ack_cq_events(cq, 1) };
+            armed?;
+        }
+        Ok(any)
     }
 
     fn fd(&self) -> i32 {
@@ -125,9 +128,10 @@ impl EventCqs {
     }
 }
 
-/// Sleeps until one of `cqs` has an event, or `timeout`.
-pub(crate) fn wait_any(cqs: &[EventCqs], timeout: Duration) -> Result<()> {
-    let mut fds: Vec<libc::pollfd> = cqs
+/// Sleeps until one of `channels` has an event, or `timeout`; takes the
+/// events (re-arming their CQs). Whether any was taken.
+pub(crate) fn wait_any(channels: &[Arc<CqChannel>], timeout: Duration) -> Result<bool> {
+    let mut fds: Vec<libc::pollfd> = channels
         .iter()
         .map(|c| libc::pollfd {
             fd: c.fd(),
@@ -143,17 +147,22 @@ pub(crate) fn wait_any(cqs: &[EventCqs], timeout: Duration) -> Result<()> {
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(Error::Verbs {
                 call: "poll(completion channel)",
-                device: cqs.first().map(|c| c.device.clone()).unwrap_or_default(),
+                device: channels
+                    .first()
+                    .map(|c| c.device.clone())
+                    .unwrap_or_default(),
                 source: e.into(),
             });
         }
     }
-    for c in cqs {
-        c.drain_events()?;
+    let mut any = false;
+    for c in channels {
+        any |= c.take_events()?;
     }
-    Ok(())
+    Ok(any)
 }
 
+/// The completions of `cq`, appended to `out`.
 fn poll(cq: &BasicCompletionQueue, device: &str, out: &mut Vec<Completion>) -> Result<()> {
     use sideway::ibverbs::completion::PollCompletionQueueError as E;
     let poller = match cq.start_poll() {
@@ -201,5 +210,35 @@ pub(crate) fn status_name(s: WcStatus) -> &'static str {
         WcStatus::RespTimeoutErr => "IBV_WC_RESP_TIMEOUT_ERR",
         WcStatus::GeneralErr => "IBV_WC_GENERAL_ERR",
         _ => "an unexpected status",
+    }
+}
+
+/// One end's two CQs: its queue pair's send queue's and receive queue's,
+/// both bound to the NIC's [`CqChannel`].
+pub(crate) struct Cqs {
+    pub send: Arc<BasicCompletionQueue>,
+    pub recv: Arc<BasicCompletionQueue>,
+    device: String,
+}
+
+impl Cqs {
+    /// CQs of `send_cqe` and `recv_cqe` entries on `nic`, bound to
+    /// `channel` (`nic`'s).
+    pub fn new(nic: &Nic, channel: &CqChannel, send_cqe: u32, recv_cqe: u32) -> Result<Cqs> {
+        Ok(Cqs {
+            send: channel.cq(nic, send_cqe)?,
+            recv: channel.cq(nic, recv_cqe)?,
+            device: nic.name.clone(),
+        })
+    }
+
+    /// Completions of the send queue, appended to `out`.
+    pub fn poll_send(&self, out: &mut Vec<Completion>) -> Result<()> {
+        poll(&self.send, &self.device, out)
+    }
+
+    /// Completions of the receive queue, appended to `out`.
+    pub fn poll_recv(&self, out: &mut Vec<Completion>) -> Result<()> {
+        poll(&self.recv, &self.device, out)
     }
 }

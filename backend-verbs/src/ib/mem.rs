@@ -1,12 +1,13 @@
-//! Registered memory: buffers this crate owns (FIFO slots, mailboxes,
-//! credit counters, staging) and registrations of the caller's buffers.
+//! Registered memory: the buffers this crate owns (FIFO slots, mailboxes,
+//! credit counters, staging). The caller's buffers are never registered:
+//! the executor reads the incoming slot in place and writes the outgoing
+//! one into staging, so the NIC only ever touches memory an end owns.
 //!
 //! The unsafe part is small and in one place: memory that a NIC may write
 //! is only ever handed out as a byte slice for a range the slot protocol
 //! says no remote writer touches (see [`HostBuf::bytes`]).
 
 use std::alloc::Layout;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -116,19 +117,14 @@ impl HostBuf {
     /// `len` writable bytes at `offset` (`None` out of bounds).
     ///
     /// # Safety
-    /// As [`bytes`](Self::bytes), and no other slice of the range may be
-    /// alive, and the NIC must not be reading the range (no posted request
-    /// that gathers from it is outstanding).
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn bytes_mut(&self, offset: u64, len: usize) -> Option<&mut [u8]> {
+    /// No remote writer may target the range, and the NIC must not be
+    /// reading it (no posted request that gathers from it is
+    /// outstanding), while the slice lives.
+    pub unsafe fn bytes_mut(&mut self, offset: u64, len: usize) -> Option<&mut [u8]> {
         let p = self.range(offset, len)?;
-        // SAFETY: in bounds; exclusivity is the caller's contract.
+        // SAFETY: in bounds; `&mut self` excludes every other slice of
+        // this buffer, the caller excludes the NIC.
         Some(unsafe { std::slice::from_raw_parts_mut(p, len) })
-    }
-
-    /// The 8 bytes at `offset`, read at once (a counter a remote writes).
-    pub fn read_word(&self, offset: u64) -> Option<[u8; 8]> {
-        self.read_array(offset)
     }
 
     /// A copy of the `N` bytes at `offset` (memory a remote may write: a
@@ -139,53 +135,5 @@ impl HostBuf {
         // bytes a NIC may be writing yields some value of them: callers
         // only compare counters (monotonic) or parse a header (checked).
         Some(unsafe { std::ptr::read_volatile(p as *const [u8; N]) })
-    }
-}
-
-/// One buffer's registration on each NIC (`None`: an empty buffer).
-pub(crate) type NicMrs<'a> = Vec<Option<UserMr<'a>>>;
-
-/// A registration of a caller's buffer for local access only (the NIC
-/// reads it to send; nobody remote can touch it). Lives no longer than
-/// the buffer (`'a`). A clone shares the registration.
-#[derive(Clone)]
-pub(crate) struct UserMr<'a> {
-    mr: Arc<MemoryRegion>,
-    addr: u64,
-    _buf: PhantomData<&'a [u8]>,
-}
-
-impl<'a> UserMr<'a> {
-    /// Registers `len` bytes at `ptr`; `None` for an empty buffer.
-    ///
-    /// # Safety
-    /// `ptr..ptr+len` stays allocated for `'a`, and the registration is
-    /// dropped before the memory is freed.
-    pub unsafe fn register(
-        pd: &Arc<ProtectionDomain>,
-        ptr: *const u8,
-        len: usize,
-        device: &str,
-    ) -> Result<Option<UserMr<'a>>> {
-        if len == 0 {
-            return Ok(None);
-        }
-        // SAFETY: the caller keeps the memory valid for `'a`; local-read
-        // access only (no flags): no remote access, no NIC writes.
-        let mr = unsafe { pd.reg_mr(ptr as usize, len, AccessFlags::none()) }
-            .map_err(Error::verbs("ibv_reg_mr", device))?;
-        Ok(Some(UserMr {
-            mr,
-            addr: ptr as u64,
-            _buf: PhantomData,
-        }))
-    }
-
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    pub fn lkey(&self) -> u32 {
-        self.mr.lkey()
     }
 }

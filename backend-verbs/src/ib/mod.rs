@@ -1,10 +1,11 @@
 //! The RDMA layer over rdma-core: sideway (and, for completion events,
-//! its raw bindings) below; safe types for what the backend needs above.
+//! its raw bindings) below; safe types for what the transport needs
+//! above.
 //!
 //! - [`nic`]: an opened device port, its GID and protection domain;
-//! - [`mem`]: registered memory (owned buffers, caller buffers);
+//! - [`mem`]: registered memory an end owns;
 //! - [`qp`]: RC queue pairs with their state in the type;
-//! - [`cq`]: completion queues with an event channel.
+//! - [`cq`]: completion queues bound to a NIC's completion channel.
 
 pub(crate) mod cq;
 pub(crate) mod mem;

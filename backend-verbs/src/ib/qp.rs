@@ -246,16 +246,6 @@ impl Qp<Rts> {
             .map_err(Error::verbs("ibv_post_send", device))?;
         Ok(n)
     }
-
-    /// Moves the queue pair to ERROR: outstanding requests are flushed
-    /// (complete with `WR_FLUSH_ERR`), nothing more is sent or accepted.
-    pub fn set_error(&mut self) -> Result<()> {
-        let mut a = QueuePairAttribute::new();
-        a.setup_state(QueuePairState::Error);
-        self.qp
-            .modify(&a)
-            .map_err(Error::verbs("ibv_modify_qp(ERR)", &self.device))
-    }
 }
 
 fn send_flags(f: SendFlags) -> WorkRequestFlags {
