@@ -118,11 +118,13 @@ impl PerfBackend for HostBackend {
             None => "one rank: no hops".into(),
         };
         vec![format!(
-            "Backend: host — {} rank(s) on {} node(s), one per process; {} channel(s), \
-             {} B FIFO slots, {} B chunks; {hops}; in place: one buffer in NCCL's layout.",
+            "Backend: host — {} rank(s) on {} node(s), one per process; up to {} channel(s) \
+             (one per {} B of a call's buffer), {} B FIFO slots, {} B chunks; {hops}; \
+             in place: one buffer in NCCL's layout.",
             self.comm.world_size(),
             nodes.len(),
             o.channels,
+            o.channel_bytes,
             o.geometry.slot_bytes(),
             o.chunk_bytes,
         )]
