@@ -1,24 +1,24 @@
 //! Reads and writes on a stream, bounded in time, and how their failures
 //! become `ringcc_comm::Error`s naming the peer.
 
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
 use ringcc_comm::Error;
 use ringcc_core::{ChannelId, Rank};
 
 use super::NAME;
 
-/// How often a reader thread blocked in `read` looks at its stop flag.
-pub(super) const READ_TICK: Duration = Duration::from_millis(200);
-
 /// How long a dropped end tries to send its goodbye (drop never blocks
 /// long).
 pub(super) const GOODBYE_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// Why a [`fill`] stopped short.
+/// Why a read of a whole buffer ([`fill_by`], or a frame in the ends)
+/// stopped short.
 #[derive(Debug)]
 pub(super) enum ReadFail {
     /// The peer closed the connection after `got` bytes of the buffer.
@@ -26,8 +26,6 @@ pub(super) enum ReadFail {
         /// Bytes read before the end.
         got: usize,
     },
-    /// The stop flag was raised.
-    Stopped,
     /// The deadline passed ([`fill_by`]).
     TimedOut,
     /// Any other failure of `read`.
@@ -36,24 +34,6 @@ pub(super) enum ReadFail {
 
 fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
-}
-
-/// Reads exactly `buf.len()` bytes. The stream's read timeout (set to
-/// [`READ_TICK`] by the caller) only makes it look at `stop`.
-pub(super) fn fill(mut r: impl Read, buf: &mut [u8], stop: &AtomicBool) -> Result<(), ReadFail> {
-    let mut got = 0;
-    while let Some(rest) = buf.get_mut(got..).filter(|r| !r.is_empty()) {
-        if stop.load(Ordering::Acquire) {
-            return Err(ReadFail::Stopped);
-        }
-        match r.read(rest) {
-            Ok(0) => return Err(ReadFail::Eof { got }),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted || is_timeout(&e) => {}
-            Err(e) => return Err(ReadFail::Io(e)),
-        }
-    }
-    Ok(())
 }
 
 /// Reads exactly `buf.len()` bytes before `deadline` (a peer that trickles
@@ -106,19 +86,17 @@ impl Peer {
         }
     }
 
-    /// A failed read of `what` (`len` bytes) as an error, or `None` when
-    /// the reader was stopped.
-    pub fn read_error(&self, f: ReadFail, what: &str, len: usize) -> Option<Error> {
+    /// A failed read of `what` (`len` bytes) as an error.
+    pub fn read_error(&self, f: ReadFail, what: &str, len: usize) -> Error {
         match f {
-            ReadFail::Stopped => None,
             ReadFail::Eof { got: 0 } if what == "frame header" => {
-                Some(self.gone("the connection was closed"))
+                self.gone("the connection was closed")
             }
-            ReadFail::Eof { got } => Some(self.gone(format!(
+            ReadFail::Eof { got } => self.gone(format!(
                 "the connection was closed mid-frame ({got} of {len} bytes of a {what})"
-            ))),
-            ReadFail::TimedOut => Some(self.gone(format!("no {what} in time"))),
-            ReadFail::Io(e) => Some(self.io(e, "read", Duration::ZERO)),
+            )),
+            ReadFail::TimedOut => self.gone(format!("no {what} in time")),
+            ReadFail::Io(e) => self.io(e, "read", Duration::ZERO),
         }
     }
 
@@ -156,4 +134,32 @@ pub(super) fn transport_error(call: &'static str, e: io::Error) -> Error {
 /// Writes all of `bytes`; the stream's write timeout bounds each wait.
 pub(super) fn send(mut s: &TcpStream, bytes: &[u8]) -> io::Result<()> {
     s.write_all(bytes)
+}
+
+/// Reads what `s` holds now into `buf` (not empty), without blocking:
+/// `Ok(None)` when nothing is there, `Ok(Some(0))` at the end of the
+/// stream.
+pub(super) fn recv_now(s: &TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        return match rustix::net::recv(s, &mut *buf, RecvFlags::DONTWAIT) {
+            Ok((n, _)) => Ok(Some(n)),
+            Err(Errno::AGAIN) => Ok(None),
+            Err(Errno::INTR) => continue,
+            Err(e) => Err(e.into()),
+        };
+    }
+}
+
+/// Writes what `s` takes now of `iov`, without blocking: the bytes
+/// taken, 0 when it has no room.
+pub(super) fn send_now(s: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    loop {
+        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        return match rustix::net::sendmsg(s, iov, &mut SendAncillaryBuffer::default(), flags) {
+            Ok(n) => Ok(n),
+            Err(Errno::AGAIN) => Ok(0),
+            Err(Errno::INTR) => continue,
+            Err(e) => Err(e.into()),
+        };
+    }
 }

@@ -11,22 +11,33 @@
 //! data frame per slot (the last of a slice publishes `tail`), and, the
 //! other way, credit (`head`).
 //!
-//! The receiver's reader thread checks every frame header before it
-//! touches memory (kind, length within a slot, step in order and within
-//! the credit window, call sequence never going back) and reads the
-//! payload straight into the slot; the sender stages each slot with room
-//! for its frame header in front, so a slot leaves in one `write`. A
-//! violation, or a connection that ends, is the typed error
-//! ([`Error::Protocol`], [`Error::PeerGone`]) of the end's next `poll`.
+//! The data path has no thread of its own: the communicator's drive
+//! thread reads and writes the sockets without blocking, in the ends'
+//! `poll` and `post`, so a slice is picked up by the thread that works
+//! on it, with no hand-off. The receiving end checks every frame header
+//! before it touches memory (`inbound`: kind, length within a slot, step
+//! in order and within the credit window, call sequence never going
+//! back) and reads payloads straight into the slots; the sending end
+//! queues each slice's frames (headers in the queue, payloads in their
+//! staging slots) and writes as many as the socket takes with one
+//! `sendmsg`, the rest from later polls; credit for a burst of slices
+//! goes back in one frame. A violation, or a connection that ends, is
+//! the typed error ([`Error::Protocol`], [`Error::PeerGone`]) of the
+//! end's next `poll`. Each end has a watcher thread (`watch`) that, once
+//! the end has been idle a while, waits for its socket in `poll(2)` and
+//! rings the rank's bell, so that a sleeping rank wakes for its traffic
+//! and a dead peer is seen promptly.
 //!
 //! Call order (as the [`Transport`] trait): `publish` once, then per hop
 //! `listen` (receiver), `connect` (sender), `accept` (receiver).
 
 mod acceptor;
 mod frame;
+mod inbound;
 mod io;
 mod recv;
 mod send;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -115,6 +126,14 @@ impl TcpTransport {
     }
 }
 
+/// A connected stream's options: no Nagle (a slice's last frame must
+/// not wait for an acknowledgement). The socket buffers are left to the
+/// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no
+/// faster.
+fn tune(s: &TcpStream) -> std::io::Result<()> {
+    s.set_nodelay(true)
+}
+
 /// Slots a frame's 32-bit length can describe.
 fn check_geometry(g: FifoGeometry) -> Result<()> {
     if g.slot_bytes() > u64::from(u32::MAX) {
@@ -199,7 +218,7 @@ fn dial(addr: SocketAddr, hello: &HelloRepr, deadline: Instant) -> Result<TcpStr
                 continue;
             }
             Err(ReadFail::Io(e)) => return Err(transport_error("read the reply", e)),
-            Err(ReadFail::TimedOut | ReadFail::Stopped) => return Err(timeout()),
+            Err(ReadFail::TimedOut) => return Err(timeout()),
         }
         let refused = |r: Reason| {
             format!(

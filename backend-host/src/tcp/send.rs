@@ -1,68 +1,97 @@
-//! The sending end: staging slots with room for the frame headers in
-//! front (one `write` per slot), and a thread that reads the receiver's
-//! credit frames into a `head` counter.
+//! The sending end: staging slots the executor writes into, and a queue
+//! of frames (headers in the queue, payloads left in their staging slots)
+//! that the drive thread writes without blocking, many frames to one
+//! `sendmsg`, from [`SendEnd::post`] and [`SendEnd::poll`]; `poll` also
+//! reads the receiver's credit frames. A watcher (`watch`) wakes a rank
+//! asleep on its bell.
+//!
+//! A staging slot is written again only for a step the receiver has
+//! credited, that is received whole: its frame has left the queue by then.
+//! So the queue holds at most `STEPS` frames, and a call ends (all of its
+//! steps credited) with the queue empty.
 
+use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ringcc_comm::transport::{Bell, SendEnd};
 use ringcc_comm::{Error, Result};
-use ringcc_core::fifo::{slot_of, FifoGeometry, StepCounter, STEPS};
+use ringcc_core::fifo::{slot_of, FifoGeometry, STEPS};
 use ringcc_core::prim::SlotSpan;
 use ringcc_core::progress::Event;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::SlotIndex;
 
 use super::frame::{FrameRepr, Kind, FRAME_LEN};
-use super::io::{fill, send, transport_error, Peer, GOODBYE_TIMEOUT, READ_TICK};
+use super::io::{recv_now, send, send_now, transport_error, Peer, ReadFail, GOODBYE_TIMEOUT};
+use super::watch::Watch;
 use super::NAME;
 
-/// Bytes in front of each staging slot's payload: a call header frame
-/// (header and payload) and the data frame's header.
+/// The most header bytes before a payload: a call header frame (header
+/// and payload) and the data frame's header.
 const FRONT: usize = FRAME_LEN + CALL_HEADER_LEN + FRAME_LEN;
-/// Where the data frame's header starts in a staging slot.
-const DATA_HEADER: usize = FRAME_LEN + CALL_HEADER_LEN;
 
-/// What the credit reader and the end share.
-struct Outbox {
-    /// The receiver's latest credit (release by the credit reader).
-    head: StepCounter,
-    /// The tail of everything `post` started to send (a credit beyond it
-    /// is a lie).
-    sent: StepCounter,
-    failure: Mutex<Option<Error>>,
-    failed: AtomicBool,
-    /// The receiver closed its end in order.
-    goodbye: AtomicBool,
-    stop: AtomicBool,
-    /// The rank's bell, rung after the credit reader publishes.
-    bell: Arc<dyn Bell>,
+/// The most pieces one `sendmsg` gathers (each frame is two: its headers
+/// and its payload).
+const MAX_IOV: usize = 2 * STEPS as usize;
+
+/// Credit frames read at once.
+const CREDITS_AHEAD: usize = 32 * FRAME_LEN;
+
+/// One data frame waiting to leave, with the call header frame before it
+/// when it has one.
+#[derive(Debug)]
+struct Queued {
+    /// The header bytes: `front[..front_len]`.
+    front: [u8; FRONT],
+    front_len: usize,
+    /// The payload: `len` bytes at `at` in the staging slots.
+    at: usize,
+    len: usize,
+    /// Bytes of the front and then the payload written so far.
+    done: usize,
 }
 
 /// The sending end of one hop over TCP.
 pub(super) struct TcpSendEnd {
-    outbox: Arc<Outbox>,
-    stream: TcpStream,
-    thread: Option<JoinHandle<()>>,
+    stream: Arc<TcpStream>,
+    watch: Watch,
     peer: Peer,
     timeout: Duration,
     slot_bytes: usize,
-    /// `STEPS` staging slots of `FRONT + slot_bytes` bytes.
+    /// `STEPS` staging slots of `slot_bytes`.
     staging: Box<[u8]>,
+    /// Frames posted and not yet written whole, in stream order.
+    queue: VecDeque<Queued>,
+    /// Credit frames read ahead: `ahead[at..end]` are not taken yet.
+    ahead: [u8; CREDITS_AHEAD],
+    at: usize,
+    end: usize,
+    /// The receiver's latest credit.
+    head: u64,
+    /// The credit reported by `poll`.
     head_seen: u64,
-    /// The step the next span must start at.
+    /// The step the next span must start at (every step below was
+    /// posted: a credit beyond it is a lie).
     next: u64,
     last_seq: u64,
+    /// The receiver closed its end in order.
+    goodbye: bool,
+    /// The credit stream's failure.
+    failure: Option<Error>,
+    /// Since when queued bytes wait for room in the socket.
+    stuck_since: Option<Instant>,
     /// A failed write: the stream may hold half a frame; no more posts.
     broken: Option<Error>,
+    /// Shut down.
+    stopped: bool,
 }
 
 impl TcpSendEnd {
-    /// The end over `stream` (accepted by `peer`), writes bounded by
-    /// `timeout`.
+    /// The end over `stream` (accepted by `peer`); queued bytes that make
+    /// no progress for `timeout` fail the end.
     pub(super) fn start(
         stream: TcpStream,
         peer: Peer,
@@ -70,92 +99,67 @@ impl TcpSendEnd {
         timeout: Duration,
         bell: Arc<dyn Bell>,
     ) -> Result<TcpSendEnd> {
-        let slot_bytes = usize::try_from(geometry.slot_bytes())
-            .map_err(|_| Error::BadConfig(format!("{NAME}: slots beyond memory")))?;
-        let staging_len = slot_bytes
-            .checked_add(FRONT)
-            .and_then(|s| s.checked_mul(STEPS as usize))
-            .ok_or_else(|| Error::BadConfig(format!("{NAME}: slots beyond memory")))?;
+        let beyond = || Error::BadConfig(format!("{NAME}: slots beyond memory"));
+        let slot_bytes = usize::try_from(geometry.slot_bytes()).map_err(|_| beyond())?;
+        let staging_len = slot_bytes.checked_mul(STEPS as usize).ok_or_else(beyond)?;
         let setup = |call| move |e| transport_error(call, e);
-        stream.set_nodelay(true).map_err(setup("set_nodelay"))?;
-        stream
-            .set_read_timeout(Some(READ_TICK))
-            .map_err(setup("set_read_timeout"))?;
-        stream
-            .set_write_timeout(Some(timeout))
-            .map_err(setup("set_write_timeout"))?;
-        let outbox = Arc::new(Outbox {
-            head: StepCounter::new(0),
-            sent: StepCounter::new(0),
-            failure: Mutex::new(None),
-            failed: AtomicBool::new(false),
-            goodbye: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
+        super::tune(&stream).map_err(setup("setsockopt"))?;
+        let stream = Arc::new(stream);
+        let watch = Watch::start(
+            Arc::clone(&stream),
             bell,
-        });
-        let reader = CreditReader {
-            outbox: Arc::clone(&outbox),
-            stream: stream.try_clone().map_err(setup("dup"))?,
-            peer,
-            head: 0,
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!(
-                "ringcc-tcp-credit-r{}-c{}",
-                peer.rank, peer.channel
-            ))
-            .spawn(move || reader.run())
-            .map_err(setup("spawn the credit thread"))?;
+            format!("ringcc-tcp-send-r{}-c{}", peer.rank, peer.channel),
+        )
+        .map_err(setup("start the watcher"))?;
         Ok(TcpSendEnd {
-            outbox,
             stream,
-            thread: Some(thread),
+            watch,
             peer,
             timeout,
             slot_bytes,
             staging: vec![0u8; staging_len].into_boxed_slice(),
+            queue: VecDeque::with_capacity(STEPS as usize),
+            ahead: [0; CREDITS_AHEAD],
+            at: 0,
+            end: 0,
+            head: 0,
             head_seen: 0,
             next: 0,
             last_seq: 0,
+            goodbye: false,
+            failure: None,
+            stuck_since: None,
             broken: None,
+            stopped: false,
         })
     }
 
     fn failure(&self) -> Option<Error> {
-        if let Some(e) = &self.broken {
-            return Some(e.duplicate());
-        }
-        if !self.outbox.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        let f = self
-            .outbox
-            .failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        Some(match f.as_ref() {
-            Some(e) => e.duplicate(),
-            None => Error::Internal(format!("{NAME}: a credit reader failed without an error")),
-        })
+        self.broken
+            .as_ref()
+            .or(self.failure.as_ref())
+            .map(Error::duplicate)
     }
 
-    /// Writes the frames of `span`, as `post` documents.
-    fn write_span(
+    /// Queues the frames of `span`, as `post` documents.
+    fn queue_span(
         &mut self,
         seq: u64,
         span: SlotSpan,
         header: Option<&[u8; CALL_HEADER_LEN]>,
         bytes: usize,
-    ) -> std::io::Result<()> {
-        let stride = FRONT + self.slot_bytes;
+    ) {
         let mut left = bytes;
         for k in 0..span.slots {
             let step = span.step.saturating_add(k);
             let len = left.min(self.slot_bytes);
             left -= len;
-            let base = usize::from(slot_of(step).0) * stride;
-            let Some(buf) = self.staging.get_mut(base..base + FRONT + len) else {
-                return Err(std::io::Error::other("staging slot out of range"));
+            let mut q = Queued {
+                front: [0; FRONT],
+                front_len: FRAME_LEN,
+                at: usize::from(slot_of(step).0) * self.slot_bytes,
+                len,
+                done: 0,
             };
             let data = FrameRepr {
                 kind: Kind::Data,
@@ -164,8 +168,6 @@ impl TcpSendEnd {
                 seq,
                 step,
             };
-            data.emit_into(&mut buf[DATA_HEADER..FRONT]);
-            let mut from = DATA_HEADER;
             if let (0, Some(h)) = (k, header) {
                 let frame = FrameRepr {
                     kind: Kind::CallHeader,
@@ -174,36 +176,169 @@ impl TcpSendEnd {
                     seq,
                     step,
                 };
-                frame.emit_into(&mut buf[..FRAME_LEN]);
-                buf[FRAME_LEN..DATA_HEADER].copy_from_slice(h);
-                from = 0;
+                frame.emit_into(&mut q.front[..FRAME_LEN]);
+                q.front[FRAME_LEN..FRAME_LEN + CALL_HEADER_LEN].copy_from_slice(h);
+                q.front_len = FRONT;
             }
-            send(&self.stream, &buf[from..])?;
+            data.emit_into(&mut q.front[q.front_len - FRAME_LEN..q.front_len]);
+            self.queue.push_back(q);
         }
+    }
+
+    /// Writes what the socket takes of the queue, without blocking:
+    /// whether anything went. Bytes that make no progress for the
+    /// timeout break the end.
+    fn flush(&mut self) -> Result<bool> {
+        let mut moved = false;
+        while !self.queue.is_empty() {
+            let sent = {
+                let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                let mut k = 0;
+                for q in self.queue.iter().take(MAX_IOV / 2) {
+                    let payload = self.staging.get(q.at..q.at + q.len).unwrap_or_default();
+                    if let Some(front) = q.front.get(q.done..q.front_len) {
+                        iov[k] = IoSlice::new(front);
+                        k += 1;
+                        iov[k] = IoSlice::new(payload);
+                    } else {
+                        iov[k] =
+                            IoSlice::new(payload.get(q.done - q.front_len..).unwrap_or_default());
+                    }
+                    k += 1;
+                }
+                send_now(&self.stream, &iov[..k])
+            };
+            match sent {
+                Ok(0) => {
+                    self.stuck_since.get_or_insert_with(Instant::now);
+                    self.check_stuck()?;
+                    return Ok(moved);
+                }
+                Ok(n) => {
+                    self.wrote(n);
+                    self.stuck_since = None;
+                    moved = true;
+                }
+                Err(e) => return Err(self.break_with(e, Duration::ZERO)),
+            }
+        }
+        self.stuck_since = None;
+        Ok(moved)
+    }
+
+    /// Queued bytes that have waited for room in the socket for the
+    /// timeout break the end.
+    fn check_stuck(&mut self) -> Result<()> {
+        let Some(since) = self.stuck_since.filter(|_| !self.queue.is_empty()) else {
+            return Ok(());
+        };
+        let waited = since.elapsed();
+        if waited < self.timeout {
+            return Ok(());
+        }
+        let e = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        Err(self.break_with(e, waited))
+    }
+
+    /// `n` bytes of the queue's front went.
+    fn wrote(&mut self, mut n: usize) {
+        while let Some(q) = self.queue.front_mut() {
+            let rest = q.front_len + q.len - q.done;
+            if n < rest {
+                q.done += n;
+                return;
+            }
+            n -= rest;
+            self.queue.pop_front();
+        }
+    }
+
+    /// A failed write: the end is broken for good.
+    fn break_with(&mut self, e: std::io::Error, after: Duration) -> Error {
+        let e = self.peer.io(e, "write", after);
+        self.broken = Some(e.duplicate());
+        e
+    }
+
+    /// Reads the credit frames the socket holds, without blocking:
+    /// whether anything came. Stops at the receiver's goodbye.
+    fn read_credits(&mut self) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            while let Some(b) = self
+                .ahead
+                .get(self.at..self.end)
+                .and_then(|r| r.first_chunk::<FRAME_LEN>())
+            {
+                let f = FrameRepr::parse(b)
+                    .map_err(|e| self.peer.protocol(format!("credit frame: {e}")))?;
+                self.at += FRAME_LEN;
+                self.credit(&f)?;
+                if self.goodbye {
+                    return Ok(true);
+                }
+            }
+            self.ahead.copy_within(self.at..self.end, 0);
+            self.end -= self.at;
+            self.at = 0;
+            let dst = self.ahead.get_mut(self.end..).unwrap_or_default();
+            match recv_now(&self.stream, dst) {
+                Ok(None) => return Ok(moved),
+                Ok(Some(0)) => {
+                    let got = ReadFail::Eof { got: self.end };
+                    return Err(self.peer.read_error(got, "frame header", FRAME_LEN));
+                }
+                Ok(Some(n)) => {
+                    self.end += n;
+                    moved = true;
+                }
+                Err(e) => return Err(self.peer.read_error(ReadFail::Io(e), "frame", 0)),
+            }
+        }
+    }
+
+    /// One frame from the receiver: a credit within what was sent, or its
+    /// goodbye.
+    fn credit(&mut self, f: &FrameRepr) -> Result<()> {
+        if f.kind == Kind::Goodbye && f.length == 0 && !f.last {
+            tracing::debug!(peer = %self.peer.rank, channel = %self.peer.channel,
+                head = f.step, "tcp: the receiver closed its end");
+            self.goodbye = true;
+            return Ok(());
+        }
+        if f.kind != Kind::Credit || f.length != 0 || f.last || f.seq != 0 {
+            return Err(self.peer.protocol(format!(
+                "expected a credit frame, got {:?} of {} bytes",
+                f.kind, f.length
+            )));
+        }
+        if f.step < self.head || f.step > self.next {
+            return Err(self.peer.protocol(format!(
+                "credit {} outside [{}, {}] (last credit, steps sent)",
+                f.step, self.head, self.next
+            )));
+        }
+        self.head = f.step;
         Ok(())
     }
 
-    /// Says goodbye (best effort, briefly, and only between whole
-    /// frames), shuts the connection down and joins the credit reader.
+    /// Says goodbye (best effort, briefly, and only between whole frames:
+    /// not with frames still queued, which only a call cut short leaves),
+    /// shuts the connection down and stops the watcher.
     fn stop(&mut self) {
-        let Some(t) = self.thread.take() else {
+        if std::mem::replace(&mut self.stopped, true) {
             return;
-        };
-        self.outbox.stop.store(true, Ordering::Release);
-        if self.broken.is_none() {
+        }
+        self.watch.stop();
+        if self.broken.is_none() && self.queue.is_empty() {
             let bye = FrameRepr::goodbye(self.next).emit();
             let _ = self
                 .stream
                 .set_write_timeout(Some(GOODBYE_TIMEOUT))
                 .and_then(|()| send(&self.stream, &bye));
         }
-        // The receiver's reader sees EOF after the goodbye; ours wakes
-        // from `read`.
+        // The receiver sees EOF after the goodbye.
         let _ = self.stream.shutdown(Shutdown::Both);
-        if t.join().is_err() {
-            tracing::warn!(peer = %self.peer.rank, channel = %self.peer.channel,
-                "tcp: the credit thread panicked");
-        }
     }
 }
 
@@ -214,26 +349,48 @@ impl Drop for TcpSendEnd {
 }
 
 impl SendEnd for TcpSendEnd {
-    /// New credit first; then the credit reader's error; after the
-    /// receiver's goodbye, an error only while steps it never consumed
-    /// are outstanding (else the next `post` reports it).
+    /// Writes what is queued, then reads credit: new credit first; then
+    /// the credit stream's error; after the receiver's goodbye, an error
+    /// only while steps it never consumed are outstanding (else the next
+    /// `post` reports it).
     fn poll(&mut self) -> Result<Option<Event>> {
-        // Flags first: the credit posted before them is visible below.
-        let failure = self.failure();
-        let goodbye = self.outbox.goodbye.load(Ordering::Acquire);
-        let head = self.outbox.head.load();
-        if head > self.head_seen {
-            self.head_seen = head;
-            return Ok(Some(Event::Head(head)));
+        if let Some(e) = &self.broken {
+            return Err(e.duplicate());
         }
-        if let Some(e) = failure {
-            return Err(e);
+        let mut moved = false;
+        if self.watch.armed() {
+            // Nothing came and no room was made since the last look: the
+            // watcher waits for it.
+            self.check_stuck()?;
+        } else if self.failure.is_none() && !self.goodbye {
+            moved = self.flush()?;
+            match self.read_credits() {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer.rank, channel = %self.peer.channel,
+                        error = %e, "tcp: the credit stream failed");
+                    self.failure = Some(e);
+                }
+            }
         }
-        if goodbye && head < self.next {
+        if self.head > self.head_seen {
+            self.head_seen = self.head;
+            self.watch.busy();
+            return Ok(Some(Event::Head(self.head)));
+        }
+        if let Some(e) = &self.failure {
+            return Err(e.duplicate());
+        }
+        if self.goodbye && self.head < self.next {
             return Err(self.peer.gone(format!(
-                "it closed its end with steps {head}..{} not consumed",
-                self.next
+                "it closed its end with steps {}..{} not consumed",
+                self.head, self.next
             )));
+        }
+        if moved {
+            self.watch.busy();
+        } else if !self.goodbye {
+            self.watch.idle(!self.queue.is_empty());
         }
         Ok(None)
     }
@@ -256,7 +413,7 @@ impl SendEnd for TcpSendEnd {
                 capacity: self.slot_bytes as u64,
             }));
         }
-        let start = usize::from(slot.0) * (FRONT + self.slot_bytes) + FRONT;
+        let start = usize::from(slot.0) * self.slot_bytes;
         self.staging.get_mut(start..start + len).ok_or_else(|| {
             bad(crate::Error::NoSuchSlot {
                 slot: u64::from(slot.0),
@@ -264,11 +421,13 @@ impl SendEnd for TcpSendEnd {
         })
     }
 
-    /// Writes the call header frame (when given) and one data frame per
-    /// slot of `span`, the last flagged: the receiver publishes
-    /// `tail = span.end()` once its bytes are in. A span must follow the
-    /// previous one and be credited; a failed or timed-out write leaves
-    /// the end broken (every later call returns the error).
+    /// Queues the call header frame (when given) and one data frame per
+    /// slot of `span`, the last flagged (the receiver publishes
+    /// `tail = span.end()` once its bytes are in), and writes what the
+    /// socket takes now; `poll` writes the rest. A span must follow the
+    /// previous one and be credited; a failed write, or queued bytes that
+    /// make no progress for the timeout, leave the end broken (every
+    /// later call returns the error).
     fn post(
         &mut self,
         seq: u64,
@@ -279,10 +438,10 @@ impl SendEnd for TcpSendEnd {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        if self.outbox.goodbye.load(Ordering::Acquire) {
+        if self.goodbye {
             return Err(self.peer.gone("it closed its end (goodbye)"));
         }
-        let head = self.outbox.head.load();
+        let head = self.head;
         let capacity = usize::try_from(span.slots)
             .ok()
             .and_then(|s| s.checked_mul(self.slot_bytes));
@@ -304,75 +463,10 @@ impl SendEnd for TcpSendEnd {
                 self.last_seq
             )));
         }
-        // Before the bytes leave, so that an honest credit never exceeds it.
-        self.outbox.sent.post(span.end());
-        if let Err(e) = self.write_span(seq, span, header, bytes) {
-            let e = self.peer.io(e, "write", self.timeout);
-            self.broken = Some(e.duplicate());
-            return Err(e);
-        }
+        self.queue_span(seq, span, header, bytes);
         self.next = span.end();
         self.last_seq = seq;
-        Ok(())
-    }
-}
-
-/// The credit reader thread.
-struct CreditReader {
-    outbox: Arc<Outbox>,
-    stream: TcpStream,
-    peer: Peer,
-    head: u64,
-}
-
-impl CreditReader {
-    fn run(mut self) {
-        if let Some(e) = self.serve() {
-            tracing::debug!(peer = %self.peer.rank, channel = %self.peer.channel, error = %e,
-                "tcp: credit reader stopped");
-            *self
-                .outbox
-                .failure
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(e);
-            self.outbox.failed.store(true, Ordering::Release);
-            self.outbox.bell.ring();
-        }
-    }
-
-    fn serve(&mut self) -> Option<Error> {
-        loop {
-            let mut b = [0u8; FRAME_LEN];
-            if let Err(f) = fill(&self.stream, &mut b, &self.outbox.stop) {
-                return self.peer.read_error(f, "frame header", FRAME_LEN);
-            }
-            let f = match FrameRepr::parse(&b) {
-                Ok(f) => f,
-                Err(e) => return Some(self.peer.protocol(format!("credit frame: {e}"))),
-            };
-            if f.kind == Kind::Goodbye && f.length == 0 && !f.last {
-                tracing::debug!(peer = %self.peer.rank, channel = %self.peer.channel,
-                    head = f.step, "tcp: the receiver closed its end");
-                self.outbox.goodbye.store(true, Ordering::Release);
-                self.outbox.bell.ring();
-                return None;
-            }
-            if f.kind != Kind::Credit || f.length != 0 || f.last || f.seq != 0 {
-                return Some(self.peer.protocol(format!(
-                    "expected a credit frame, got {:?} of {} bytes",
-                    f.kind, f.length
-                )));
-            }
-            let sent = self.outbox.sent.load();
-            if f.step < self.head || f.step > sent {
-                return Some(self.peer.protocol(format!(
-                    "credit {} outside [{}, {sent}] (last credit, steps sent)",
-                    f.step, self.head
-                )));
-            }
-            self.head = f.step;
-            self.outbox.head.post(f.step);
-            self.outbox.bell.ring();
-        }
+        self.watch.busy();
+        self.flush().map(|_| ())
     }
 }

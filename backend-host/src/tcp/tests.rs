@@ -37,6 +37,10 @@ fn hop() -> Hop {
     }
 }
 
+/// The job's store (the TCP transport keeps nothing in it).
+static STORE: std::sync::LazyLock<ringcc_comm::store::MemStore> =
+    std::sync::LazyLock::new(ringcc_comm::store::MemStore::new);
+
 /// The bell of every rank in these tests (their loops poll, never sleep).
 static BELL: std::sync::LazyLock<std::sync::Arc<dyn ringcc_comm::transport::Bell>> =
     std::sync::LazyLock::new(|| std::sync::Arc::new(ringcc_comm::LocalBell::new()));
@@ -50,6 +54,7 @@ fn job() -> Job<'static> {
         deadline: Instant::now() + Duration::from_secs(5),
         peers: &[],
         bell: &BELL,
+        store: &*STORE,
     }
 }
 
@@ -243,7 +248,9 @@ fn credit_opens_the_window() {
     s.write_all(&b).unwrap();
     assert_eq!(events(&mut end, 1), vec![Event::Tail(STEPS)]);
     end.post_head(2).unwrap();
-    // The credit frame reaches the sender.
+    // The credit frame reaches the sender once the end sees the stream
+    // paused (credit for a burst of slices goes out in one frame).
+    assert_eq!(end.poll().unwrap(), None);
     let mut c = [0u8; FRAME_LEN];
     s.read_exact(&mut c).unwrap();
     assert_eq!(FrameRepr::parse(&c).unwrap(), FrameRepr::credit(2));
