@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
-use ringcc_core::prim::{Action, Blocked};
+use ringcc_core::prim::{Action, Next};
 use ringcc_core::progress::{Channel, Engine, EngineError, Event};
 use ringcc_core::protocol::post::widen_step;
 use ringcc_core::{CallDesc, ChannelId, Rank};
@@ -287,8 +287,51 @@ impl Sim {
     }
 
     /// Polls lane `l`'s rank engine until it waits, carrying out its
-    /// actions (on any of the rank's channels; in the simulator only the
-    /// lane that had an event has any).
+    /// actions on any of the rank's channels: how a call begins (a channel
+    /// with nothing to do lets the next one act).
+    pub(crate) fn drive_rank(&mut self, l: u32) {
+        let lane = &self.lanes[l];
+        if lane.state != LaneState::Running {
+            return;
+        }
+        let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
+        loop {
+            match self.lanes.engines[rank as usize].poll() {
+                Ok(Some((ch, Action::Exec(e)))) => {
+                    let at = self.fab.lane(u32::from(ch.0), rank);
+                    self.lanes[at].credit_blocked = false;
+                    if let Err(err) = self.start_exec(at, &e) {
+                        self.fail_lane(at, err);
+                    }
+                    return;
+                }
+                Ok(Some((ch, Action::ReturnCredit { head }))) => {
+                    let at = self.fab.lane(u32::from(ch.0), rank);
+                    if let Err(err) = self.return_credit(at, head) {
+                        self.fail_lane(at, err);
+                        return;
+                    }
+                }
+                Ok(Some((ch, Action::Done))) => {
+                    self.lane_done(self.fab.lane(u32::from(ch.0), rank));
+                    return;
+                }
+                Ok(None) => {
+                    self.wait_for_credit(l, rank, c);
+                    return;
+                }
+                Err(e) => {
+                    let err = self.engine_error(rank, e);
+                    self.fail_lane(l, err);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands lane `l` the credits that have arrived, then polls its
+    /// channel until it waits, carrying out its actions. Once a call runs
+    /// only the channel that had an event has any.
     pub(crate) fn drive(&mut self, l: u32) {
         let now = self.events.now();
         let lanes = &mut self.lanes;
@@ -317,39 +360,30 @@ impl Sim {
             }
         }
         loop {
-            match self.lanes.engines[rank as usize].poll() {
-                Ok(Some((ch, Action::Exec(e)))) => {
-                    let at = self.fab.lane(u32::from(ch.0), rank);
-                    self.lanes[at].credit_blocked = false;
-                    if let Err(err) = self.start_exec(at, &e) {
-                        self.fail_lane(at, err);
+            let engine = &mut self.lanes.engines[rank as usize];
+            match engine.poll_channel(c) {
+                Ok(Some(Next::Exec)) => {
+                    let Some(e) = engine.pending(c) else {
+                        return;
+                    };
+                    self.lanes[l].credit_blocked = false;
+                    if let Err(err) = self.start_exec(l, &e) {
+                        self.fail_lane(l, err);
                     }
                     return;
                 }
-                Ok(Some((ch, Action::ReturnCredit { head }))) => {
-                    let at = self.fab.lane(u32::from(ch.0), rank);
-                    if let Err(err) = self.return_credit(at, head) {
-                        self.fail_lane(at, err);
+                Ok(Some(Next::ReturnCredit { head })) => {
+                    if let Err(err) = self.return_credit(l, head) {
+                        self.fail_lane(l, err);
                         return;
                     }
                 }
-                Ok(Some((ch, Action::Done))) => {
-                    self.lane_done(self.fab.lane(u32::from(ch.0), rank));
+                Ok(Some(Next::Done)) => {
+                    self.lane_done(l);
                     return;
                 }
                 Ok(None) => {
-                    // Only a lane waiting for credit (FIFO room, or its
-                    // sends consumed after its last step) needs a wake-up
-                    // at the next credit's arrival.
-                    let blocked = self.lanes.engines[rank as usize].blocked_on(c);
-                    let lane = &mut self.lanes[l];
-                    lane.credit_blocked = matches!(blocked, Blocked::Credit { .. });
-                    if lane.credit_blocked && !lane.wake {
-                        if let Some((at, _)) = lane.credits.front() {
-                            lane.wake = true;
-                            self.events.at(at, Ev::Wake { lane: l });
-                        }
-                    }
+                    self.wait_for_credit(l, rank, c);
                     return;
                 }
                 Err(e) => {
@@ -357,6 +391,22 @@ impl Sim {
                     self.fail_lane(l, err);
                     return;
                 }
+            }
+        }
+    }
+
+    /// Lane `l` waits. Only a lane waiting for credit (FIFO room, or its
+    /// sends consumed after its last step) needs a wake-up at the next
+    /// credit's arrival.
+    #[inline(always)]
+    fn wait_for_credit(&mut self, l: u32, rank: u32, c: ChannelId) {
+        let blocked = self.lanes.engines[rank as usize].waits_for_credit(c);
+        let lane = &mut self.lanes[l];
+        lane.credit_blocked = blocked;
+        if blocked && !lane.wake {
+            if let Some((at, _)) = lane.credits.front() {
+                lane.wake = true;
+                self.events.at(at, Ev::Wake { lane: l });
             }
         }
     }
@@ -509,6 +559,7 @@ impl Sim {
     }
 
     /// Returns credit `head` from lane `l` to its predecessor.
+    #[inline(always)]
     pub(crate) fn return_credit(&mut self, l: u32, head: u64) -> Result<(), Error> {
         self.stats.credits += 1;
         let t = self.lanes[l].t;

@@ -347,7 +347,7 @@ impl Sim {
             },
         );
         for l in 0..self.lanes.len() {
-            self.drive(l);
+            self.drive_rank(l);
         }
         let total = self.lanes.len() as usize;
         loop {

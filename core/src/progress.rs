@@ -3,7 +3,8 @@
 //!
 //! A backend owns one [`Engine`] per rank and does three things only: it
 //! turns what its hardware reports into [`Event`]s ([`Engine::handle`]),
-//! carries out the [`Action`]s the engine hands out ([`Engine::poll`]), and
+//! carries out the [`Action`]s the engine hands out ([`Engine::poll`]; or,
+//! driving one channel at a time, [`Engine::poll_channel`]), and
 //! waits — until its next completion or the engine's deadline
 //! ([`Engine::poll_timeout`], then [`Engine::handle_timeout`]). Everything
 //! else lives here: a [`Machine`] per channel (the only place one is
@@ -32,7 +33,7 @@ use crate::error::Error;
 use crate::fifo::{FifoGeometry, STEPS};
 use crate::id::{ChannelId, Rank};
 use crate::plan::{CallDesc, Plan};
-use crate::prim::{Action, Blocked, Exec, LinkState, Machine};
+use crate::prim::{Action, Blocked, Exec, LinkState, Machine, Next};
 use crate::topology::RingOrder;
 use crate::ProtocolViolation;
 
@@ -335,6 +336,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     }
 
     /// Channel `c`, if the storage has it.
+    #[inline]
     pub fn channel(&self, c: ChannelId) -> Option<&Channel<M>> {
         self.channels.as_ref().get(usize::from(c.0))
     }
@@ -355,11 +357,13 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     }
 
     /// The machine of channel `c` (the running call's or the last one's).
+    #[inline]
     pub fn machine(&self, c: ChannelId) -> Option<&Machine<M>> {
         self.channel(c).and_then(Channel::machine)
     }
 
     /// The outstanding exec of channel `c`, if one is.
+    #[inline]
     pub fn pending(&self, c: ChannelId) -> Option<Exec> {
         self.machine(c).and_then(Machine::pending)
     }
@@ -577,6 +581,70 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
             }
         }
         Ok(None)
+    }
+
+    /// The next action of channel `c` alone, as a [`Next`]: what
+    /// [`poll`](Engine::poll) hands out for it, with the same
+    /// bookkeeping, but without building the exec (after [`Next::Exec`],
+    /// [`pending`](Engine::pending) has it). For a backend that drives one
+    /// channel at a time — each event followed by polling its channel
+    /// until it waits — this skips the search over the others and the
+    /// copies of a hundred-byte action. A channel with no event since it
+    /// last answered `None` is not asked again; one out of range, or not
+    /// part of the running call, has no action.
+    #[must_use = "actions must be carried out"]
+    #[inline(always)]
+    pub fn poll_channel(&mut self, c: ChannelId) -> Result<Option<Next>, EngineError> {
+        self.check()?;
+        let i = u32::from(c.0);
+        let b = bit(i);
+        if self.dirty & b == 0 {
+            return Ok(None);
+        }
+        let polled = match self.channels.as_mut().get_mut(i as usize) {
+            Some(Channel {
+                machine: Some(m), ..
+            }) => m.poll_next(),
+            _ => Ok(None),
+        };
+        match polled {
+            Ok(Some(Next::ReturnCredit { head })) => Ok(Some(Next::ReturnCredit { head })),
+            Ok(Some(Next::Exec)) => {
+                // An exec outstanding: nothing more until an event.
+                self.dirty &= !b;
+                Ok(Some(Next::Exec))
+            }
+            Ok(Some(Next::Done)) => {
+                self.dirty &= !b;
+                self.open &= !b;
+                if self.open == 0 {
+                    self.finish();
+                }
+                Ok(Some(Next::Done))
+            }
+            Ok(None) => {
+                self.dirty &= !b;
+                Ok(None)
+            }
+            Err(source) => Err(self.poison(EngineError::Machine {
+                channel: c,
+                during: "poll_action",
+                source,
+            })),
+        }
+    }
+
+    /// Whether channel `c` waits for credit from its successor:
+    /// [`blocked_on`](Engine::blocked_on) is [`Blocked::Credit`], without
+    /// building the report.
+    #[inline]
+    pub fn waits_for_credit(&self, c: ChannelId) -> bool {
+        match self.channel(c) {
+            Some(ch) if self.open & bit(u32::from(c.0)) != 0 => {
+                ch.machine.as_ref().is_some_and(Machine::waits_for_credit)
+            }
+            _ => false,
+        }
     }
 
     fn finish(&mut self) {

@@ -150,6 +150,16 @@ proptest! {
         run_to_end(&mut w);
     }
 
+    /// The same worlds with each rank driven one channel at a time
+    /// (`poll_channel`, the exec read back with `pending`), as a backend
+    /// that feeds and polls the channel of each event does.
+    #[test]
+    fn polling_one_channel_at_a_time_gives_the_reference(c in case()) {
+        let mut w = world(&c, Mode::Strict);
+        w.per_channel = true;
+        run_to_end(&mut w);
+    }
+
     /// A call's plan may use fewer channels than the last one: the
     /// channels it leaves out keep their counters for a later call, and
     /// an early header on one of them belongs to the next call.
@@ -189,6 +199,7 @@ fn many_seeds_small_worlds() {
         };
         let mut w = world(&c, Mode::Strict);
         w.eager_start = 0.9;
+        w.per_channel = i % 2 == 1;
         run_to_end(&mut w);
     }
 }

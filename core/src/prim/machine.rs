@@ -96,6 +96,24 @@ pub enum Action {
     Done,
 }
 
+/// What [`Machine::poll_next`] hands out: an [`Action`] without the
+/// exec's fields, which the machine keeps until the exec is done (read
+/// them with [`Machine::pending`]). Small enough to come back in
+/// registers, where an `Action` is over a hundred bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Next {
+    /// Carry out the slice [`Machine::pending`] describes.
+    Exec,
+    /// [`Action::ReturnCredit`].
+    ReturnCredit {
+        /// The new `head`.
+        head: u64,
+    },
+    /// [`Action::Done`].
+    Done,
+}
+
 /// What a machine waits for ([`Machine::blocked_on`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -434,6 +452,26 @@ impl<M: RingOrder> Machine<M> {
         Blocked::Ready
     }
 
+    /// Whether the machine waits for credit from its successor:
+    /// [`blocked_on`](Machine::blocked_on) is [`Blocked::Credit`], without
+    /// building the report (what a backend asks after every poll that
+    /// returned `Ok(None)`).
+    #[inline]
+    pub fn waits_for_credit(&self) -> bool {
+        if self.phase != Phase::Idle || self.credit_due {
+            return false;
+        }
+        let sps = u64::from(self.slots_per_slice);
+        if !self.has_current {
+            return self.steps.remaining() == 0 && self.send_head < self.send_next;
+        }
+        let p = self.current.primitive;
+        if p.contains(Primitive::RECV) && !can_recv(self.recv_tail, self.recv_next, sps) {
+            return false;
+        }
+        p.contains(Primitive::SEND) && !can_send(self.send_head, self.send_next, sps)
+    }
+
     fn live(&self) -> Result<(), Error> {
         match self.phase {
             Phase::Failed => Err(Error::Finished),
@@ -530,7 +568,7 @@ impl<M: RingOrder> Machine<M> {
     }
 
     /// The outstanding exec is complete.
-    #[inline]
+    #[inline(always)]
     pub fn handle_exec_done(&mut self) -> Result<(), Error> {
         self.live()?;
         if self.phase != Phase::Busy {
@@ -560,8 +598,21 @@ impl<M: RingOrder> Machine<M> {
     /// waits for an event (or is done). Fails with the machine's error once
     /// it has failed.
     #[must_use = "actions must be carried out"]
-    #[inline]
+    #[inline(always)]
     pub fn poll_action(&mut self) -> Result<Option<Action>, Error> {
+        Ok(match self.poll_next()? {
+            Some(Next::Exec) => Some(Action::Exec(self.exec())),
+            Some(Next::ReturnCredit { head }) => Some(Action::ReturnCredit { head }),
+            Some(Next::Done) => Some(Action::Done),
+            None => None,
+        })
+    }
+
+    /// [`poll_action`](Machine::poll_action) without building the exec:
+    /// after [`Next::Exec`], [`pending`](Machine::pending) has it.
+    #[must_use = "actions must be carried out"]
+    #[inline(always)]
+    pub fn poll_next(&mut self) -> Result<Option<Next>, Error> {
         match self.phase {
             Phase::Failed => return Err(self.failure.unwrap_or(Error::Finished)),
             Phase::Done => return Ok(None),
@@ -607,11 +658,11 @@ impl<M: RingOrder> Machine<M> {
         }
     }
 
-    #[inline]
-    fn next_action(&mut self) -> Result<Option<Action>, Error> {
+    #[inline(always)]
+    fn next_action(&mut self) -> Result<Option<Next>, Error> {
         if self.credit_due {
             self.credit_due = false;
-            return Ok(Some(Action::ReturnCredit {
+            return Ok(Some(Next::ReturnCredit {
                 head: self.recv_next,
             }));
         }
@@ -637,7 +688,7 @@ impl<M: RingOrder> Machine<M> {
                 None => {
                     if self.send_head >= self.send_next {
                         self.phase = Phase::Done;
-                        return Ok(Some(Action::Done));
+                        return Ok(Some(Next::Done));
                     }
                     return Ok(None);
                 }
@@ -663,6 +714,6 @@ impl<M: RingOrder> Machine<M> {
             return Ok(None);
         }
         self.phase = Phase::Busy;
-        Ok(Some(Action::Exec(self.exec())))
+        Ok(Some(Next::Exec))
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use ringcc_core::fifo::{FifoGeometry, STEPS};
-use ringcc_core::prim::{slice_result, Action, Blocked, Exec};
+use ringcc_core::prim::{slice_result, Action, Blocked, Exec, Next};
 use ringcc_core::progress::{ArrayEngine, EngineError, Event};
 use ringcc_core::rng::Rng;
 use ringcc_core::verify::{fill_expected, fill_input};
@@ -183,6 +183,9 @@ pub struct World {
     pub mode: Mode,
     /// Start a rank's next call as soon as it is idle (else: a move).
     pub eager_start: f64,
+    /// Poll one channel at a time (`Engine::poll_channel`, from a random
+    /// one on) instead of the whole rank (`Engine::poll`).
+    pub per_channel: bool,
     /// Moves taken.
     pub moves: u64,
     /// Execs completed.
@@ -249,6 +252,7 @@ impl World {
             now: 0,
             mode,
             eager_start: 0.5,
+            per_channel: false,
             moves: 0,
             execs: 0,
         }
@@ -400,6 +404,10 @@ impl World {
     }
 
     pub fn poll(&mut self, r: u32, one: bool) {
+        if self.per_channel {
+            self.poll_channels(r, one);
+            return;
+        }
         for polls in 0.. {
             assert!(polls < 100_000, "rank {r}: actions without end");
             let st = &mut self.ranks[r as usize];
@@ -426,6 +434,48 @@ impl World {
                     return;
                 }
             }
+        }
+    }
+
+    /// [`poll`](World::poll) one channel at a time: each channel, from a
+    /// random one on, until it has nothing (the exec of a `Next::Exec`
+    /// read back with `pending`).
+    fn poll_channels(&mut self, r: u32, one: bool) {
+        let first = self.rng.below(CAP as u64) as u8;
+        let mut polls = 0;
+        for k in 0..CAP as u8 {
+            let c = ChannelId((first + k) % CAP as u8);
+            loop {
+                polls += 1;
+                assert!(polls < 100_000, "rank {r}: actions without end");
+                let st = &mut self.ranks[r as usize];
+                let a = match st.engine.poll_channel(c) {
+                    Ok(Some(Next::Exec)) => {
+                        Action::Exec(st.engine.pending(c).expect("the exec is pending"))
+                    }
+                    Ok(Some(Next::ReturnCredit { head })) => Action::ReturnCredit { head },
+                    Ok(Some(Next::Done)) => Action::Done,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.fail(r, "poll_channel", e);
+                        return;
+                    }
+                };
+                self.carry(r, c, a);
+                if self.ranks[r as usize].engine.is_idle() {
+                    self.finish_call(r);
+                    return;
+                }
+                if one {
+                    return;
+                }
+            }
+        }
+        let st = &mut self.ranks[r as usize];
+        assert_eq!(st.engine.poll(), Ok(None), "rank {r}: every channel polled");
+        st.dirty = false;
+        if !st.engine.is_idle() {
+            self.check_blocked(r);
         }
     }
 
@@ -463,6 +513,14 @@ impl World {
                     panic!("rank {r} ch {c}: {b:?} after poll gave nothing")
                 }
             }
+            let credit = matches!(b, Blocked::Credit { .. });
+            assert_eq!(
+                st.engine.waits_for_credit(id),
+                credit,
+                "rank {r} ch {c}: {b:?}"
+            );
+            let m = st.engine.machine(id).expect("a machine");
+            assert_eq!(m.waits_for_credit(), credit, "rank {r} ch {c}: {b:?}");
             let done = st.engine.machine(id).is_some_and(|m| m.is_done());
             assert_eq!(done, b == Blocked::Done, "rank {r} ch {c}: is_done");
             if b != Blocked::Done && first.is_none() {
