@@ -139,6 +139,11 @@ pub(crate) struct Lane {
     pub last_arrival: Ps,
     /// Same, for the credits this lane returns.
     pub last_credit: Ps,
+    /// The predecessor's `tail` and the successor's `head` as handed to
+    /// the engine (the channel's counters there; kept here to widen the
+    /// low 32 bits events carry without asking the engine).
+    pub recv_tail: u64,
+    pub send_head: u64,
     /// Where it sits in the fabric (a copy of the fabric's, kept next to
     /// the machine for the hot path).
     pub t: LaneTopo,
@@ -168,6 +173,8 @@ impl Lane {
             state: LaneState::Idle,
             last_arrival: 0,
             last_credit: 0,
+            recv_tail: 0,
+            send_head: 0,
             credits: Credits::default(),
             wake: false,
             credit_blocked: false,
@@ -349,14 +356,14 @@ impl Sim {
             if lane.credits.spilled {
                 refill_credits(&mut lane.credits, &mut lanes.cold[l as usize].credits);
             }
-            let known = engine.machine(c).map_or(0, |m| m.send_head());
-            let head = widen_step(head, known);
-            if head > known {
+            let head = widen_step(head, lane.send_head);
+            if head > lane.send_head {
                 if let Err(e) = engine.handle(now, c, Event::Head(head)) {
                     let err = self.engine_error(rank, e);
                     self.fail_lane(l, err);
                     return;
                 }
+                lane.send_head = head;
             }
         }
         loop {
@@ -510,10 +517,7 @@ impl Sim {
         };
         // Events carry the low 32 bits of the step counter; a connection's
         // tails arrive in order and never move by 2^32 at once.
-        let t = self.lanes[l].t;
-        let known = self.lanes.engines[t.rank as usize]
-            .machine(ChannelId(t.channel as u8))
-            .map_or(0, |m| m.recv_tail());
+        let known = self.lanes[l].recv_tail;
         self.deliver_tail(l, header, widen_step(tail, known));
     }
 
@@ -530,6 +534,7 @@ impl Sim {
         if !self.feed(l, Event::Tail(tail)) {
             return;
         }
+        self.lanes[l].recv_tail = tail;
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
         let t = self.lanes[l].t;
@@ -547,13 +552,9 @@ impl Sim {
         if !self.running(l) {
             return;
         }
-        let t = self.lanes[l].t;
-        let engine = &self.lanes.engines[t.rank as usize];
         // A counter read may show a value already handled.
-        let known = engine
-            .machine(ChannelId(t.channel as u8))
-            .map_or(0, |m| m.send_head());
-        if head > known && self.feed(l, Event::Head(head)) {
+        if head > self.lanes[l].send_head && self.feed(l, Event::Head(head)) {
+            self.lanes[l].send_head = head;
             self.drive(l);
         }
     }
