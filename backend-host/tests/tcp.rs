@@ -37,7 +37,13 @@ fn transport() -> TcpTransport {
 
 /// Two published ranks (0 and 1) and what they published.
 fn world() -> ([TcpTransport; 2], Vec<PeerInfo>) {
-    let mut t = [transport(), transport()];
+    world_with(Duration::from_secs(10))
+}
+
+/// [`world`] with writes that give up after `timeout`.
+fn world_with(timeout: Duration) -> ([TcpTransport; 2], Vec<PeerInfo>) {
+    let tr = || TcpTransport::new(LOCALHOST, HELLO_TIMEOUT, timeout);
+    let mut t = [tr(), tr()];
     let mut peers = Vec::new();
     for (r, t) in t.iter_mut().enumerate() {
         let v = t.publish(TOKEN, Rank(r as u32)).unwrap().unwrap();
@@ -602,6 +608,123 @@ fn connecting_is_bounded_and_checked() {
     t[1].listen(&j, hop(1, 0)).unwrap();
     let e = t[1].accept(&j, hop(1, 0)).err().expect("nobody connects");
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+}
+
+/// Polls `end` until it reports `n` slices of `len`-byte slots, each
+/// slot's bytes `fill(step)`, crediting each.
+fn receive_slices(
+    r: &mut dyn RecvEnd,
+    s: &mut dyn SendEnd,
+    from: u64,
+    n: u64,
+    len: usize,
+    fill: impl Fn(u64) -> u8,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut done = from;
+    while done < from + n {
+        assert!(Instant::now() < deadline, "only up to step {done}");
+        // The sender's queued bytes go from its polls.
+        while s.poll().unwrap().is_some() {}
+        match r.poll().unwrap() {
+            Some(Event::Tail(t)) => {
+                for step in done..t {
+                    let got = r.slot(slot_of(step), len).unwrap();
+                    assert!(got.iter().all(|&b| b == fill(step)), "step {step}");
+                }
+                done = t;
+                r.post_head(t).unwrap();
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => std::thread::yield_now(),
+        }
+    }
+}
+
+/// Slices far larger than the socket takes at once: what it does not take
+/// waits in the end's queue and leaves from later polls, whole and in
+/// order.
+#[test]
+fn large_slices_leave_from_later_polls() {
+    const SLOT: usize = 2 << 20;
+    let g = FifoGeometry::new(SLOT as u64, 1).unwrap();
+    let (mut t, peers) = world();
+    let (mut s, mut r) = connect(&mut t, &peers, g, &[hop(0, 0)]).pop().unwrap();
+    let fill = |step: u64| (step as u8).wrapping_mul(13).wrapping_add(1);
+    for round in 0..3 {
+        let from = round * STEPS;
+        for step in from..from + STEPS {
+            s.slot_mut(slot_of(step), SLOT).unwrap().fill(fill(step));
+            s.post(0, SlotSpan { step, slots: 1 }, None, SLOT).unwrap();
+        }
+        receive_slices(&mut *r, &mut *s, from, STEPS, SLOT, fill);
+        wait_for(|| s.poll(), Event::Head(from + STEPS));
+    }
+}
+
+/// Frames the receiver never takes: once they have waited `timeout` for
+/// room in the socket, the sending end fails with `Timeout`, and stays
+/// failed.
+#[test]
+fn frames_nobody_takes_time_out() {
+    const SLOT: usize = 4 << 20;
+    let timeout = Duration::from_millis(300);
+    let g = FifoGeometry::new(SLOT as u64, 1).unwrap();
+    let (mut t, peers) = world_with(timeout);
+    let (mut s, _r) = connect(&mut t, &peers, g, &[hop(0, 0)]).pop().unwrap();
+    let start = Instant::now();
+    for step in 0..STEPS {
+        s.slot_mut(slot_of(step), SLOT).unwrap();
+        s.post(0, SlotSpan { step, slots: 1 }, None, SLOT).unwrap();
+    }
+    let e = error_of(|| s.poll(), Duration::from_secs(10));
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(start.elapsed() >= timeout, "{:?}", start.elapsed());
+    assert!(matches!(s.poll(), Err(Error::Timeout { .. })));
+}
+
+/// A rank asleep on its bell (its ends idle, their watchers armed) wakes
+/// when a slice arrives, long before the sleep's timeout.
+#[test]
+fn a_rank_asleep_on_its_bell_wakes_for_a_slice() {
+    let bell: std::sync::Arc<dyn ringcc_comm::transport::Bell> =
+        std::sync::Arc::new(ringcc_comm::LocalBell::new());
+    let (mut t, peers) = world();
+    let g = FifoGeometry::new(256, 1).unwrap();
+    let d = Duration::from_secs(10);
+    let h = hop(0, 0);
+    t[1].listen(&job(&peers, g, 1, d), h).unwrap();
+    let mut s = t[0].connect(&job(&peers, g, 0, d), h).unwrap();
+    let receiver = Job {
+        bell: &bell,
+        ..job(&peers, g, 1, d)
+    };
+    let mut r = t[1].accept(&receiver, h).unwrap();
+    // Idle long enough for the watcher to be armed.
+    let idle = Instant::now();
+    while idle.elapsed() < Duration::from_millis(20) {
+        assert_eq!(r.poll().unwrap(), None);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        post_slices(&mut *s, 0, 1);
+        s
+    });
+    // The drive loop's handshake: arm, a last look, sleep.
+    let ticket = bell.arm();
+    assert_eq!(r.poll().unwrap(), None);
+    let slept = Instant::now();
+    bell.sleep(ticket, Duration::from_secs(30));
+    bell.disarm();
+    assert!(
+        slept.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        slept.elapsed()
+    );
+    wait_for(|| r.poll(), Event::Tail(1));
+    assert_eq!(r.slot(slot_of(0), 8).unwrap(), &[0u8; 8]);
+    let _s = sender.join().unwrap();
 }
 
 /// 256 MiB through one hop on loopback (release build):
