@@ -610,7 +610,7 @@ fn connecting_is_bounded_and_checked() {
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
 }
 
-/// Polls `end` until it reports `n` slices of `len`-byte slots, each
+/// Polls `r` until it reports `n` slices of `len`-byte slots, each
 /// slot's bytes `fill(step)`, crediting each.
 fn receive_slices(
     r: &mut dyn RecvEnd,

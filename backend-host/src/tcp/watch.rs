@@ -34,7 +34,7 @@ use rustix::io::Errno;
 /// longer than the gaps of a busy transfer (each arming costs the
 /// watcher a wake-up), shorter than the drive loop's spinning, yielding
 /// and napping before it sleeps on the bell (a millisecond or more).
-pub(super) const ARM_AFTER: Duration = Duration::from_micros(200);
+pub(super) const ARM_AFTER: Duration = Duration::from_micros(500);
 
 /// Idle calls between two looks at the clock.
 const CLOCK_EVERY: u32 = 8;
