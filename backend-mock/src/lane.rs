@@ -13,7 +13,7 @@ use ringcc_core::protocol::post::widen_step;
 use ringcc_core::{CallDesc, ChannelId, Rank};
 
 use crate::error::Error;
-use crate::events::{secs, Ev, Ps};
+use crate::events::{secs, Ev, Events, Ps};
 use crate::fabric::{Fabric, Hop, LaneTopo, RingRef};
 use crate::sim::Sim;
 
@@ -259,6 +259,16 @@ impl Lanes {
     }
 }
 
+impl Lanes {
+    /// Lane `l` and its rank's engine.
+    #[inline(always)]
+    fn with_engine(&mut self, l: u32) -> (&mut Lane, &mut RankEngine) {
+        let lane = &mut self.hot[l as usize];
+        let rank = lane.t.rank as usize;
+        (lane, &mut self.engines[rank])
+    }
+}
+
 impl Index<u32> for Lanes {
     type Output = Lane;
 
@@ -272,6 +282,19 @@ impl IndexMut<u32> for Lanes {
     #[inline(always)]
     fn index_mut(&mut self, l: u32) -> &mut Lane {
         &mut self.hot[l as usize]
+    }
+}
+
+/// Lane `l` waits, for credit if `blocked`: then, with a credit on its
+/// way, it needs a wake-up at its arrival.
+#[inline(always)]
+fn wait_for_credit(events: &mut Events, l: u32, lane: &mut Lane, blocked: bool) {
+    lane.credit_blocked = blocked;
+    if blocked && !lane.wake {
+        if let Some((at, _)) = lane.credits.front() {
+            lane.wake = true;
+            events.at(at, Ev::Wake { lane: l });
+        }
     }
 }
 
@@ -367,13 +390,14 @@ impl Sim {
             }
         }
         loop {
-            let engine = &mut self.lanes.engines[rank as usize];
+            let lanes = &mut self.lanes;
+            let engine = &mut lanes.engines[rank as usize];
             match engine.poll_channel(c) {
                 Ok(Some(Next::Exec)) => {
                     let Some(e) = engine.pending(c) else {
                         return;
                     };
-                    self.lanes[l].credit_blocked = false;
+                    lanes.hot[l as usize].credit_blocked = false;
                     if let Err(err) = self.start_exec(l, &e) {
                         self.fail_lane(l, err);
                     }
@@ -390,7 +414,8 @@ impl Sim {
                     return;
                 }
                 Ok(None) => {
-                    self.wait_for_credit(l, rank, c);
+                    let blocked = engine.waits_for_credit(c);
+                    wait_for_credit(&mut self.events, l, &mut lanes.hot[l as usize], blocked);
                     return;
                 }
                 Err(e) => {
@@ -405,17 +430,14 @@ impl Sim {
     /// Lane `l` waits. Only a lane waiting for credit (FIFO room, or its
     /// sends consumed after its last step) needs a wake-up at the next
     /// credit's arrival.
-    #[inline(always)]
     fn wait_for_credit(&mut self, l: u32, rank: u32, c: ChannelId) {
         let blocked = self.lanes.engines[rank as usize].waits_for_credit(c);
-        let lane = &mut self.lanes[l];
-        lane.credit_blocked = blocked;
-        if blocked && !lane.wake {
-            if let Some((at, _)) = lane.credits.front() {
-                lane.wake = true;
-                self.events.at(at, Ev::Wake { lane: l });
-            }
-        }
+        wait_for_credit(
+            &mut self.events,
+            l,
+            &mut self.lanes.hot[l as usize],
+            blocked,
+        );
     }
 
     /// A credit for lane `l` (a sender) that arrives at `at`.
@@ -482,18 +504,20 @@ impl Sim {
 
     /// The lane's outstanding slice is complete.
     pub(crate) fn on_exec_done(&mut self, l: u32) {
-        if !self.running(l) {
+        let now = self.events.now();
+        let (lane, engine) = self.lanes.with_engine(l);
+        if lane.state != LaneState::Running {
             return;
         }
-        let t = self.lanes[l].t;
+        let t = lane.t;
         // Only a slice sent over RDMA needs its exec after it is done.
         let exec = match t.hop {
-            Hop::Net { .. } => self.lanes.engines[t.rank as usize]
-                .pending(ChannelId(t.channel as u8))
-                .filter(|e| e.send.is_some()),
+            Hop::Net { .. } => engine.pending(t.channel_id()).filter(|e| e.send.is_some()),
             _ => None,
         };
-        if !self.feed(l, Event::ExecDone) {
+        if let Err(e) = engine.handle(now, t.channel_id(), Event::ExecDone) {
+            let err = self.engine_error(t.rank, e);
+            self.fail_lane(l, err);
             return;
         }
         if let Some(e) = exec {
@@ -523,26 +547,26 @@ impl Sim {
 
     /// Feeds lane `l` the predecessor's call header (if any) and `tail`.
     pub(crate) fn deliver_tail(&mut self, l: u32, header: Option<(u64, CallDesc)>, tail: u64) {
-        if !self.running(l) {
+        let now = self.events.now();
+        let (lane, engine) = self.lanes.with_engine(l);
+        if lane.state != LaneState::Running {
             return;
         }
-        if let Some((step, desc)) = header {
-            if !self.feed(l, Event::Header { step, desc }) {
-                return;
-            }
+        let (rank, c) = (lane.t.rank, lane.t.channel_id());
+        let fed = match header {
+            Some((step, desc)) => engine.handle(now, c, Event::Header { step, desc }),
+            None => Ok(()),
         }
-        if !self.feed(l, Event::Tail(tail)) {
+        .and_then(|()| engine.handle(now, c, Event::Tail(tail)));
+        if let Err(e) = fed {
+            let err = self.engine_error(rank, e);
+            self.fail_lane(l, err);
             return;
         }
-        self.lanes[l].recv_tail = tail;
+        lane.recv_tail = tail;
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
-        let t = self.lanes[l].t;
-        let engine = &self.lanes.engines[t.rank as usize];
-        if !engine
-            .machine(ChannelId(t.channel as u8))
-            .is_some_and(|m| m.is_busy())
-        {
+        if !engine.machine(c).is_some_and(|m| m.is_busy()) {
             self.drive(l);
         }
     }
