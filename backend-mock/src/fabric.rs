@@ -114,7 +114,7 @@ impl LinkRes {
 
     /// Occupies the link for `bytes`, starting no earlier than `ready`;
     /// returns (start, end) of the transfer on the link.
-    #[inline]
+    #[inline(always)]
     pub fn reserve(&mut self, ready: Ps, bytes: u64) -> (Ps, Ps) {
         let start = ready.max(self.free_at);
         let d = self.rate.time(bytes);

@@ -192,9 +192,44 @@ pub(crate) struct Lanes {
     pub cold: Vec<LaneCold>,
     /// Each rank's core progress engine.
     pub engines: Vec<RankEngine>,
-    /// Per lane, the addresses of its channel in its rank's engine and of
-    /// the engine (for prefetching only: neither storage moves).
-    addr: Vec<(usize, usize)>,
+    /// Per rank, the address of its engine's channel storage (for
+    /// prefetching only: it never moves).
+    channels: Vec<usize>,
+    /// A lane number's rank and channel, without its lane.
+    split: LaneSplit,
+}
+
+/// `l / ranks` and `l % ranks` (a lane's channel and rank) by
+/// multiplications: Lemire's exact division of 32-bit numbers by a
+/// constant, where a lane's rank and channel are wanted before the lane
+/// itself is in the cache (a division is tens of cycles).
+#[derive(Clone, Copy, Debug)]
+struct LaneSplit {
+    ranks: u32,
+    /// `2^64 / ranks`, rounded up (0 for one rank).
+    m: u64,
+}
+
+impl LaneSplit {
+    fn new(ranks: u32) -> LaneSplit {
+        let ranks = ranks.max(1);
+        LaneSplit {
+            ranks,
+            m: (u64::MAX / u64::from(ranks)).wrapping_add(1),
+        }
+    }
+
+    /// (channel, rank) of lane `l`.
+    #[inline(always)]
+    fn split(self, l: u32) -> (u32, u32) {
+        if self.m == 0 {
+            return (l, 0);
+        }
+        let channel = (u128::from(self.m) * u128::from(l)) >> 64;
+        let frac = self.m.wrapping_mul(u64::from(l));
+        let rank = (u128::from(frac) * u128::from(self.ranks)) >> 64;
+        (channel as u32, rank as u32)
+    }
 }
 
 /// Cache lines of a channel's machine that events touch: its counters and
@@ -213,20 +248,16 @@ impl Lanes {
                 RankEngine::new(Rank(r), channels.into_boxed_slice(), timeout)
             })
             .collect();
-        let addr = fab
-            .lanes
+        let channels = engines
             .iter()
-            .map(|t| {
-                let e = &engines[t.rank as usize];
-                let ch = std::ptr::from_ref(&e.channels()[t.channel as usize]) as usize;
-                (ch, std::ptr::from_ref(e) as usize)
-            })
+            .map(|e| e.channels().as_ptr() as usize)
             .collect();
         Lanes {
             hot,
             cold: (0..fab.lanes.len()).map(|_| LaneCold::default()).collect(),
             engines,
-            addr,
+            channels,
+            split: LaneSplit::new(fab.ranks),
         }
     }
 
@@ -237,20 +268,23 @@ impl Lanes {
     }
 
     /// Starts loading what an event of lane `l` touches: the lane, its
-    /// channel's machine and its engine's hot line.
+    /// channel's machine and its engine's hot line (their addresses
+    /// computed, not loaded: a load that missed would hold the prefetch
+    /// up).
     #[inline(always)]
     pub fn prefetch(&self, l: u32) {
-        if let Some(lane) = self.hot.get(l as usize) {
-            crate::cachehint::prefetch(lane, 2);
+        self.prefetch_lane(l);
+        let (c, rank) = self.split.split(l);
+        if let Some(e) = self.engines.get(rank as usize) {
+            crate::cachehint::prefetch(e, 1);
         }
-        if let Some(&(ch, engine)) = self.addr.get(l as usize) {
-            crate::cachehint::prefetch_addr(ch, MACHINE_HOT_LINES);
-            crate::cachehint::prefetch_addr(engine, 1);
+        if let Some(&base) = self.channels.get(rank as usize) {
+            let offset = (c as usize).wrapping_mul(size_of::<Channel<RingRef>>());
+            crate::cachehint::prefetch_addr(base.wrapping_add(offset), MACHINE_HOT_LINES);
         }
     }
 
-    /// Starts loading lane `l` alone (a credit's arrival touches only the
-    /// lane).
+    /// Starts loading lane `l` (what a credit's arrival touches).
     #[inline(always)]
     pub fn prefetch_lane(&self, l: u32) {
         if let Some(lane) = self.hot.get(l as usize) {
@@ -616,6 +650,34 @@ mod tests {
         assert_eq!(align_of::<Lane>(), 64);
         assert!(offset_of!(Lane, credits) + std::mem::size_of::<Credits>() <= 128);
         assert_eq!(std::mem::size_of::<Lane>(), 128);
+    }
+
+    /// The multiplications give a lane's channel and rank exactly.
+    #[test]
+    fn lane_split_is_division() {
+        for ranks in [
+            1u32,
+            2,
+            3,
+            7,
+            8,
+            100,
+            128,
+            1000,
+            1024,
+            4095,
+            65_536,
+            1 << 31,
+        ] {
+            let sp = LaneSplit::new(ranks);
+            let mut rng = crate::faults::Rng::new(u64::from(ranks));
+            let probes = (0..5000u32)
+                .chain([u32::MAX, u32::MAX - 1, ranks.wrapping_mul(3), ranks - 1])
+                .chain((0..5000).map(|_| rng.next_u64() as u32));
+            for l in probes {
+                assert_eq!(sp.split(l), (l / ranks, l % ranks), "{l} / {ranks}");
+            }
+        }
     }
 
     /// Credits beyond the hot four wait in order in the cold part and come
