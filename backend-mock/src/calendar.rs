@@ -262,11 +262,15 @@ impl Calendar {
 
     #[inline]
     pub fn pop(&mut self) -> Option<Entry> {
-        if self.adapt && (self.tally.loads >= CHECK_LOADS || self.tally.events >= CHECK_EVENTS) {
-            self.check_width();
-        }
         if let Some(e) = self.current.pop() {
             return Some(e);
+        }
+        // Between buckets: the width is checked here, not on every pop.
+        if self.adapt && (self.tally.loads >= CHECK_LOADS || self.tally.events >= CHECK_EVENTS) {
+            self.check_width();
+            if let Some(e) = self.current.pop() {
+                return Some(e);
+            }
         }
         self.load_next()?;
         self.current.pop()
