@@ -119,14 +119,18 @@ impl Ev {
     #[inline(always)]
     fn words(&self) -> (u8, u64, u64) {
         match *self {
-            Ev::ExecDone { lane } => (1, u64::from(lane), 0),
+            Ev::ExecDone { lane } => (KIND_EXEC_DONE, u64::from(lane), 0),
             Ev::Tail {
                 lane,
                 hdr,
                 xfer: _,
                 tail,
-            } => (2, u64::from(lane) | u64::from(hdr) << 32, u64::from(tail)),
-            Ev::Wake { lane } => (3, u64::from(lane), 0),
+            } => (
+                KIND_TAIL,
+                u64::from(lane) | u64::from(hdr) << 32,
+                u64::from(tail),
+            ),
+            Ev::Wake { lane } => (KIND_WAKE, u64::from(lane), 0),
             Ev::FlowFail { lane, credit } => (4, u64::from(lane), u64::from(credit)),
             Ev::Abort { rank, origin } => (5, u64::from(rank), u64::from(origin)),
             Ev::Death { rank } => (6, u64::from(rank), 0),
@@ -138,6 +142,13 @@ impl Ev {
         }
     }
 }
+
+/// [`Packed::kind`] of an [`Ev::ExecDone`].
+pub(crate) const KIND_EXEC_DONE: u8 = 1;
+/// [`Packed::kind`] of an [`Ev::Tail`].
+pub(crate) const KIND_TAIL: u8 = 2;
+/// [`Packed::kind`] of an [`Ev::Wake`].
+pub(crate) const KIND_WAKE: u8 = 3;
 
 /// An [`Ev`] packed into two words: `kind | a << 8` and `b | xfer << 32`
 /// of [`Ev::words`] (and a `Tail`'s `xfer`).
@@ -154,20 +165,34 @@ impl Packed {
         (self.w0 as u8, self.w0 >> 8, self.w1 & 0xffff_ffff)
     }
 
+    /// The lane of an `ExecDone`, `Tail` or `Wake` (what [`Ev::words`]
+    /// keeps in the low 32 bits of `a`), as [`Packed::kind`] tells.
+    #[inline(always)]
+    pub fn lane(self) -> u32 {
+        (self.w0 >> 8) as u32
+    }
+
+    /// The kind of [`Ev::words`]: [`KIND_EXEC_DONE`], [`KIND_TAIL`],
+    /// [`KIND_WAKE`], or another event's.
+    #[inline(always)]
+    pub fn kind(self) -> u8 {
+        self.w0 as u8
+    }
+
     /// The event.
     #[inline(always)]
     pub fn unpack(self) -> Ev {
         let (kind, a, b) = self.words();
         let (lo, b32) = (a as u32, b as u32);
         match kind {
-            1 => Ev::ExecDone { lane: lo },
-            2 => Ev::Tail {
+            KIND_EXEC_DONE => Ev::ExecDone { lane: lo },
+            KIND_TAIL => Ev::Tail {
                 lane: lo,
                 hdr: a >> 32 != 0,
                 xfer: (self.w1 >> 32) as u32,
                 tail: b32,
             },
-            3 => Ev::Wake { lane: lo },
+            KIND_WAKE => Ev::Wake { lane: lo },
             4 => Ev::FlowFail {
                 lane: lo,
                 credit: b != 0,
@@ -238,9 +263,17 @@ impl Events {
         self.at(self.now.saturating_add(delay), ev);
     }
 
-    /// The next event; the clock moves to its time.
-    #[inline]
+    /// The next event; the clock moves to its time (the run loop uses
+    /// [`pop_packed`](Events::pop_packed)).
+    #[cfg(test)]
     pub fn pop(&mut self) -> Option<Ev> {
+        self.pop_packed().map(Packed::unpack)
+    }
+
+    /// The next event, left packed (for a dispatch on its kind, without
+    /// building the enum first); the clock moves to its time.
+    #[inline]
+    pub fn pop_packed(&mut self) -> Option<Packed> {
         let e = self.heap.pop()?;
         let time = e.time;
         self.now = time;
@@ -250,7 +283,7 @@ impl Events {
         h = fnv_word(h, u64::from(kind));
         h = fnv_word(h, a);
         self.hash = fnv_word(h, b);
-        Some(e.ev.unpack())
+        Some(e.ev)
     }
 
     /// The event `k + 1` places after the one just popped, when it is
