@@ -199,35 +199,33 @@ pub(crate) struct Lanes {
     split: LaneSplit,
 }
 
-/// `l / ranks` and `l % ranks` (a lane's channel and rank) by
-/// multiplications: Lemire's exact division of 32-bit numbers by a
-/// constant, where a lane's rank and channel are wanted before the lane
-/// itself is in the cache (a division is tens of cycles).
+/// `l / ranks` and `l % ranks` (a lane's channel and rank) by a
+/// multiplication, where a lane's rank and channel are wanted before the
+/// lane itself is in the cache (a division is tens of cycles).
+/// `l · m / 2^32` with `m = ⌈2^32 / ranks⌉` is `⌊l / ranks⌋` whenever
+/// `l · ranks ≤ 2^32`: every lane number (below
+/// `MAX_RANKS · MAX_CHANNELS`) of every rank count (up to `MAX_RANKS`).
 #[derive(Clone, Copy, Debug)]
 struct LaneSplit {
-    ranks: u32,
-    /// `2^64 / ranks`, rounded up (0 for one rank).
+    ranks: u64,
     m: u64,
 }
 
 impl LaneSplit {
     fn new(ranks: u32) -> LaneSplit {
-        let ranks = ranks.max(1);
+        let ranks = u64::from(ranks.max(1));
         LaneSplit {
             ranks,
-            m: (u64::MAX / u64::from(ranks)).wrapping_add(1),
+            m: (1u64 << 32).div_ceil(ranks),
         }
     }
 
     /// (channel, rank) of lane `l`.
     #[inline(always)]
     fn split(self, l: u32) -> (u32, u32) {
-        if self.m == 0 {
-            return (l, 0);
-        }
-        let channel = (u128::from(self.m) * u128::from(l)) >> 64;
-        let frac = self.m.wrapping_mul(u64::from(l));
-        let rank = (u128::from(frac) * u128::from(self.ranks)) >> 64;
+        let l = u64::from(l);
+        let channel = l.wrapping_mul(self.m) >> 32;
+        let rank = l.wrapping_sub(channel.wrapping_mul(self.ranks));
         (channel as u32, rank as u32)
     }
 }
@@ -275,9 +273,9 @@ impl Lanes {
     pub fn prefetch(&self, l: u32) {
         self.prefetch_lane(l);
         let (c, rank) = self.split.split(l);
-        if let Some(e) = self.engines.get(rank as usize) {
-            crate::cachehint::prefetch(e, 1);
-        }
+        // Never dereferenced: a hint (an address past the end is harmless).
+        let engine = self.engines.as_ptr().wrapping_add(rank as usize);
+        crate::cachehint::prefetch_addr(engine as usize, 1);
         if let Some(&base) = self.channels.get(rank as usize) {
             let offset = (c as usize).wrapping_mul(size_of::<Channel<RingRef>>());
             crate::cachehint::prefetch_addr(base.wrapping_add(offset), MACHINE_HOT_LINES);
@@ -655,25 +653,15 @@ mod tests {
     /// The multiplications give a lane's channel and rank exactly.
     #[test]
     fn lane_split_is_division() {
-        for ranks in [
-            1u32,
-            2,
-            3,
-            7,
-            8,
-            100,
-            128,
-            1000,
-            1024,
-            4095,
-            65_536,
-            1 << 31,
-        ] {
+        use ringcc_core::topology::{MAX_CHANNELS, MAX_RANKS};
+        let max_ranks = MAX_RANKS as u32;
+        for ranks in [1u32, 2, 3, 7, 8, 100, 128, 1000, 1024, 4095, max_ranks] {
             let sp = LaneSplit::new(ranks);
+            let lanes = ranks * MAX_CHANNELS;
             let mut rng = crate::faults::Rng::new(u64::from(ranks));
-            let probes = (0..5000u32)
-                .chain([u32::MAX, u32::MAX - 1, ranks.wrapping_mul(3), ranks - 1])
-                .chain((0..5000).map(|_| rng.next_u64() as u32));
+            let probes = (0..lanes.min(70_000))
+                .chain([lanes - 1, lanes - ranks, ranks - 1, ranks])
+                .chain((0..5000).map(|_| (rng.next_u64() % u64::from(lanes)) as u32));
             for l in probes {
                 assert_eq!(sp.split(l), (l / ranks, l % ranks), "{l} / {ranks}");
             }
