@@ -370,8 +370,13 @@ fn sort_descending(v: &mut [Entry]) -> u64 {
     } else {
         v.sort_by_key(|e| Reverse(e.time));
     }
-    let changes = v.windows(2).filter(|w| w[0].time != w[1].time).count();
-    (changes + usize::from(!v.is_empty())) as u64
+    let mut distinct = 0u64;
+    let mut last = None;
+    for e in v.iter() {
+        distinct += u64::from(last != Some(e.time));
+        last = Some(e.time);
+    }
+    distinct
 }
 
 /// What the buckets were like since the last width check.
