@@ -532,7 +532,8 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
                 source,
             }));
         }
-        self.dirty |= bit(i) & self.open;
+        // `i` is below the capacity, at most 64: no check needed.
+        self.dirty |= 1u64.wrapping_shl(i) & self.open;
         self.last_progress = now;
         Ok(())
     }
