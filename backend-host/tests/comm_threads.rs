@@ -141,3 +141,32 @@ fn a_chunk_the_fifo_cannot_hold_is_refused() {
         Communicator::new(Rank(0), 1, Arc::new(MemStore::new()), "x", o, shm_only()).unwrap_err();
     assert!(matches!(e, Error::BadConfig(_)), "{e}");
 }
+
+#[test]
+fn abort_fails_the_next_call_even_on_one_rank() {
+    let c = Communicator::new(
+        Rank(0),
+        1,
+        Arc::new(MemStore::new()),
+        &token("abort1"),
+        Options::default(),
+        shm_only(),
+    )
+    .unwrap();
+    let mut x = [1.0f32; 4];
+    c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+    c.abort("stop");
+    let e = c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Aborted {
+                rank: Some(Rank(0)),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // And it stays failed.
+    assert!(c.all_reduce_in_place(&mut x, ReduceOp::Sum).is_err());
+}

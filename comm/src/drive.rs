@@ -139,6 +139,12 @@ impl Ring {
                 cause: cause.clone(),
             });
         }
+        // An aborted job takes no new call, even one that would finish
+        // without an idle turn (one rank, or data already there).
+        if let Some(e) = self.abort.error() {
+            self.poison(e.to_string());
+            return Err(e);
+        }
         let plan = call
             .plan(
                 self.ranks,
