@@ -382,7 +382,7 @@ fn verbs_rank_without_its_peer_fails_with_the_backends_log_on_stderr() {
         .env("RINGCC_WORLD_SIZE", "2")
         .env("RINGCC_ADDR", format!("127.0.0.1:{port}"))
         .env("RINGCC_TOKEN", "the-job")
-        .env("RINGCC_CONNECT_TIMEOUT", "4")
+        .env("RINGCC_TIMEOUT_MS", "4000")
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -403,7 +403,7 @@ fn verbs_rank_without_its_peer_fails_with_the_backends_log_on_stderr() {
         "rank 0 without rank 1 succeeded:\n{err}"
     );
     assert!(
-        err.contains("WARN") && err.contains("rendezvous: rank aborts: rank 0 failed during setup"),
+        err.contains("WARN") && err.contains("rendezvous: rank aborts: rank 0 failed to connect"),
         "the store's log line is not on stderr:\n{err}"
     );
     assert!(!err.contains('\u{1b}'), "colour codes on a pipe:\n{err}");
