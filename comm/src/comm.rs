@@ -324,6 +324,66 @@ impl Communicator {
         Ok(self.queue(call, bufs, Box::new(buf)))
     }
 
+    /// Queues `call` out of place on memory the caller owns through
+    /// `keep` (a binding's handle on a foreign buffer: a Python object,
+    /// a framework's tensor); [`Work::wait`] hands `keep` back once the
+    /// call is done. The lengths are checked against the call when it
+    /// runs ([`Error::BadBuffer`] from the `Work`).
+    ///
+    /// # Safety
+    /// `input .. input + input_len` must be readable and
+    /// `output .. output + output_len` writable, the two ranges must not
+    /// overlap, and both must stay valid — and untouched by anyone else —
+    /// from this call until the `Work` reports the call done
+    /// ([`Work::is_completed`], [`Work::wait`], or a
+    /// [`Work::wait_timeout`] that returned `Ok(true)` or an error), or,
+    /// if nobody waits, until `keep` is dropped (the communicator drops
+    /// it only after the call is done). Keeping the memory alive through
+    /// `keep` meets the first half of this.
+    pub unsafe fn submit_raw<K: std::any::Any + Send>(
+        &self,
+        call: Call,
+        input: *const u8,
+        input_len: usize,
+        output: *mut u8,
+        output_len: usize,
+        keep: K,
+    ) -> Work<K> {
+        let bufs = RawBufs {
+            input,
+            input_len,
+            output,
+            output_len,
+            in_place: false,
+        };
+        self.queue(call, bufs, Box::new(keep))
+    }
+
+    /// Queues `call` in place (NCCL's layout,
+    /// [`Call::in_place_offsets`]) on `buf .. buf + len`, memory the caller
+    /// owns through `keep`; as [`submit_raw`](Self::submit_raw).
+    ///
+    /// # Safety
+    /// `buf .. buf + len` must be readable and writable and stay valid
+    /// and untouched by anyone else until the call is done, as for
+    /// [`submit_raw`](Self::submit_raw).
+    pub unsafe fn submit_raw_in_place<K: std::any::Any + Send>(
+        &self,
+        call: Call,
+        buf: *mut u8,
+        len: usize,
+        keep: K,
+    ) -> Work<K> {
+        let bufs = RawBufs {
+            input: buf.cast_const(),
+            input_len: 0,
+            output: buf,
+            output_len: len,
+            in_place: true,
+        };
+        self.queue(call, bufs, Box::new(keep))
+    }
+
     fn queue<B: 'static>(
         &self,
         call: Call,
