@@ -1,8 +1,9 @@
 //! One rank of a ringcc job over verbs: the process the Soft-RoCE tests
 //! and the benchmark start `n` times (rank, world size and address from
 //! `RINGCC_RANK`, `RINGCC_WORLD_SIZE`, `RINGCC_ADDR` or a launcher; the
-//! communicator's settings from `RINGCC_*` ([`Options::from_env`]), plus
-//! `RINGCC_SLOTS_PER_SLICE`; the transport's from `RINGCC_IB_*`).
+//! communicator's settings from `RINGCC_*` with verbs' FIFO
+//! ([`ringcc_verbs::options_from_env`]), plus `RINGCC_SLOTS_PER_SLICE`;
+//! the transport's from `RINGCC_IB_*`).
 //!
 //! ```text
 //! verbs_rank suite [--sizes 0,1,1000] [--seed S] [--in-place] [--shm]
@@ -87,10 +88,10 @@ fn usage(why: &str) -> ! {
     std::process::exit(1)
 }
 
-/// The communicator's settings: the environment's, with
+/// The communicator's settings: the environment's over verbs' FIFO, with
 /// `RINGCC_SLOTS_PER_SLICE` (which [`Options::from_env`] does not read).
 fn options() -> Options {
-    let mut o = Options::from_env().unwrap_or_else(|e| usage(&e.to_string()));
+    let mut o = ringcc_verbs::options_from_env().unwrap_or_else(|e| usage(&e.to_string()));
     if let Some(v) = std::env::var("RINGCC_SLOTS_PER_SLICE")
         .ok()
         .filter(|v| !v.trim().is_empty())

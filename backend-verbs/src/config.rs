@@ -11,10 +11,58 @@
 //! | `RINGCC_IB_RNR_RETRY` | [`rnr_retry`](VerbsConfig::rnr_retry) | 7 |
 //!
 //! `RINGCC_IB_DISABLE=1` (the communicator's) turns the transport off.
+//!
+//! The FIFO of a job whose hops run over verbs is the communicator's
+//! setting ([`ringcc_comm::Options::geometry`], one for every hop of a
+//! job); [`options_from_env`] gives it verbs' defaults, [`GEOMETRY`] and
+//! [`CHUNK_BYTES`], where `RINGCC_SLOT_BYTES` and `RINGCC_CHUNK_BYTES`
+//! leave it unset.
 
 use std::time::Duration;
 
+use ringcc_comm::Options;
+use ringcc_core::fifo::FifoGeometry;
+
 use crate::error::{Error, Result};
+
+/// The FIFO of a verbs hop unless `RINGCC_SLOT_BYTES` sets one: NCCL's
+/// (512 KiB slots, 2 per slice: 1 MiB messages, 4 MiB per connection).
+/// Every slice is one RDMA message, its completion and, later, a credit:
+/// the communicator's default slot (128 KiB, sized for shared memory)
+/// pays that cost eight times as often per byte.
+pub const GEOMETRY: FifoGeometry = FifoGeometry::NCCL;
+
+/// The plan's chunk that goes with [`GEOMETRY`] unless
+/// `RINGCC_CHUNK_BYTES` sets one: two slices, NCCL's.
+pub const CHUNK_BYTES: u64 = 2 * GEOMETRY.slice_bytes();
+
+/// [`options_from_vars`] on the process environment.
+pub fn options_from_env() -> ringcc_comm::Result<Options> {
+    options_from_vars(|k| std::env::var(k).ok())
+}
+
+/// The communicator's settings for a job whose hops run over verbs:
+/// [`Options::from_vars`], with [`GEOMETRY`] in place of the
+/// communicator's default FIFO when `RINGCC_SLOT_BYTES` is unset, and
+/// [`CHUNK_BYTES`] as the chunk when `RINGCC_CHUNK_BYTES` is unset too.
+/// A chunk that does not fit the FIFO is the communicator's `BadConfig`.
+pub fn options_from_vars(get: impl Fn(&str) -> Option<String>) -> ringcc_comm::Result<Options> {
+    let set = |k: &str| get(k).is_some_and(|v| !v.trim().is_empty());
+    let (slot, chunk) = (set("RINGCC_SLOT_BYTES"), set("RINGCC_CHUNK_BYTES"));
+    // The communicator reads a slot size alone (one slot per slice) and
+    // checks the chunk against it: hand it verbs' slot, then the
+    // geometry, and check again.
+    let mut o = Options::from_vars(|k| match k {
+        "RINGCC_SLOT_BYTES" if !slot => Some(GEOMETRY.slot_bytes().to_string()),
+        "RINGCC_CHUNK_BYTES" if !slot && !chunk => Some(CHUNK_BYTES.to_string()),
+        _ => get(k),
+    })?;
+    if !slot {
+        o.geometry = GEOMETRY;
+        o.validate()?;
+    }
+    Ok(o)
+}
 
 /// Faults a test can inject (not for production use).
 #[doc(hidden)]
@@ -179,6 +227,45 @@ mod tests {
         assert_eq!(c.devices, vec!["mlx5_0", "mlx5_1"]);
         assert_eq!(c.gid_index, Some(3));
         assert_eq!((c.port, c.ib_timeout), (2, 14));
+    }
+
+    fn options(vars: &[(&str, &str)]) -> ringcc_comm::Result<Options> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        options_from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn verbs_fifo_unless_the_variables_set_one() {
+        let o = options(&[("RINGCC_NCHANNELS", "3")]).unwrap();
+        assert_eq!((o.geometry, o.chunk_bytes), (GEOMETRY, CHUNK_BYTES));
+        assert_eq!(o.channels, 3);
+        assert!(CHUNK_BYTES <= GEOMETRY.max_chunk_bytes());
+        // A chunk alone: verbs' FIFO with that chunk.
+        let o = options(&[("RINGCC_CHUNK_BYTES", "65536")]).unwrap();
+        assert_eq!((o.geometry, o.chunk_bytes), (GEOMETRY, 65536));
+        // A slot size: the communicator's reading of it, its chunk.
+        let o = options(&[
+            ("RINGCC_SLOT_BYTES", "4096"),
+            ("RINGCC_CHUNK_BYTES", "16384"),
+        ])
+        .unwrap();
+        assert_eq!(o.geometry, FifoGeometry::new(4096, 1).unwrap());
+        assert_eq!(o.chunk_bytes, 16384);
+        // A chunk verbs' FIFO cannot pipeline (more than 3 of its slices,
+        // though 7 of a lone 512 KiB slot would do) is refused.
+        let too_big = (GEOMETRY.max_chunk_bytes() + GEOMETRY.slot_bytes()).to_string();
+        match options(&[("RINGCC_CHUNK_BYTES", &too_big)]) {
+            Err(ringcc_comm::Error::BadConfig(why)) => assert!(why.contains("chunk"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // The communicator's own variables are still checked.
+        assert!(matches!(
+            options(&[("RINGCC_NCHANNELS", "x")]),
+            Err(ringcc_comm::Error::Env { .. })
+        ));
     }
 
     #[test]

@@ -74,10 +74,6 @@ pub enum Error {
         #[source]
         source: ringcc_core::Error,
     },
-    /// A communicator error, as the compatibility API
-    /// ([`Communicator`](crate::Communicator)) returns it.
-    #[error(transparent)]
-    Comm(#[from] ringcc_comm::Error),
     /// A broken invariant of this crate (a bug): never the caller's fault.
     #[error("internal error in ringcc-verbs: {0}")]
     Internal(String),
@@ -120,14 +116,12 @@ impl Error {
     }
 
     /// This error as the communicator's: a peer that stopped answering is
-    /// [`PeerGone`](ringcc_comm::Error::PeerGone), a communicator error
-    /// stays what it is, a bad setting is the communicator's `Env` or
-    /// `BadConfig`, anything else is
+    /// [`PeerGone`](ringcc_comm::Error::PeerGone), a bad setting is the
+    /// communicator's `Env` or `BadConfig`, anything else is
     /// [`Transport`](ringcc_comm::Error::Transport) (`call`: what the
     /// transport was doing) with this error as the source.
     pub fn into_comm(self, call: &'static str) -> ringcc_comm::Error {
         match self {
-            Error::Comm(e) => e,
             Error::Env { var, reason } => ringcc_comm::Error::Env { var, reason },
             Error::BadConfig(s) => ringcc_comm::Error::BadConfig(format!("verbs: {s}")),
             Error::Completion { channel, peer, .. } if self.is_peer_gone() => {
@@ -187,8 +181,8 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // A communicator error passes through unchanged.
-        let e = Error::Comm(ringcc_comm::Error::BadConfig("x".into())).into_comm("listen");
+        // A bad setting is the communicator's.
+        let e = Error::BadConfig("x".into()).into_comm("listen");
         assert!(matches!(e, ringcc_comm::Error::BadConfig(_)));
     }
 }

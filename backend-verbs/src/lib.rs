@@ -9,13 +9,15 @@
 //!
 //! ```no_run
 //! use ringcc_comm::launch::Launch;
-//! use ringcc_comm::{Communicator, Options};
+//! use ringcc_comm::Communicator;
 //! use ringcc_core::ReduceOp;
+//! use ringcc_verbs::VerbsConfig;
 //!
+//! let config = VerbsConfig::from_env().map_err(|e| e.into_comm("config"))?;
 //! let comm = Communicator::from_launch(
 //!     Launch::from_env()?,
-//!     Options::from_env()?,
-//!     ringcc_verbs::transports(ringcc_verbs::VerbsConfig::from_env().map_err(|e| e.into_comm("config"))?),
+//!     ringcc_verbs::options_from_env()?,
+//!     ringcc_verbs::transports(config),
 //! )?;
 //! let mut x = vec![1.0f32; 1 << 20];
 //! comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
@@ -24,7 +26,10 @@
 //! ```
 //!
 //! (or [`communicator_from_env`]; a transport list may hold other
-//! transports too, e.g. shared memory first and verbs between nodes).
+//! transports too, e.g. shared memory first and verbs between nodes, as
+//! `ringcc perf --backend host` builds it). [`options_from_env`] is the
+//! communicator's settings with verbs' FIFO ([`GEOMETRY`]): larger slots
+//! than the communicator's default, which is sized for shared memory.
 //!
 //! Per hop, the receiver registers its FIFO and a call-header mailbox
 //! for remote write ([`listen`](ringcc_comm::transport::Transport::listen));
@@ -47,14 +52,12 @@
 //! (the two ends, with the bookkeeping of what is in flight in
 //! `inflight`) → [`VerbsTransport`] (devices, the connecting phases).
 //! [`VerbsConfig`] holds the transport's settings (`RINGCC_IB_*`); the
-//! communicator's are [`ringcc_comm::Options`]. [`Communicator`] and
-//! [`Config`] keep 0.1's API alive over all this for its last caller
-//! (`compat`).
+//! communicator's are [`ringcc_comm::Options`], with the FIFO verbs
+//! prefers ([`GEOMETRY`], [`CHUNK_BYTES`]).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-mod compat;
 mod config;
 mod error;
 mod exchange;
@@ -67,11 +70,8 @@ mod wake;
 
 use std::sync::Arc;
 
-pub use compat::{Call, Communicator, Config, Registered};
-pub use config::{Fault, VerbsConfig};
+pub use config::{options_from_env, options_from_vars, Fault, VerbsConfig, CHUNK_BYTES, GEOMETRY};
 pub use error::{BoxError, Error, Result};
-pub use ringcc_comm::launch::{self, Launch, Launcher};
-pub use ringcc_core::MAX_RANKS;
 pub use transport::VerbsTransport;
 
 /// Names of the RDMA devices on this host (empty when rdma-core or its
@@ -91,11 +91,11 @@ pub fn transports(config: VerbsConfig) -> ringcc_comm::Transports {
 
 /// The communicator of this process over verbs alone, from the
 /// launcher's environment (mpirun, srun, torchrun or `RINGCC_*`:
-/// [`ringcc_comm::launch`]) with [`ringcc_comm::Options::from_env`] and
+/// [`ringcc_comm::launch`]) with [`options_from_env`] and
 /// [`VerbsConfig::from_env`].
 pub fn communicator_from_env() -> ringcc_comm::Result<ringcc_comm::Communicator> {
-    let launch = Launch::from_env()?;
-    let options = ringcc_comm::Options::from_env()?;
+    let launch = ringcc_comm::launch::Launch::from_env()?;
+    let options = options_from_env()?;
     let config = VerbsConfig::from_env().map_err(|e| e.into_comm("VerbsConfig::from_env"))?;
     ringcc_comm::Communicator::from_launch(launch, options, transports(config))
 }

@@ -1,15 +1,16 @@
 //! What runs without an RDMA device: a communicator of one rank with the
 //! verbs transport (it needs no hop), the transport not offering itself
-//! on a host without devices, and the 0.1 API kept for the CLI.
+//! on a host without devices.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringcc_comm::launch::{Launch, Launcher};
 use ringcc_comm::store::MemStore;
 use ringcc_comm::transport::Transport;
 use ringcc_comm::{Communicator, Options};
 use ringcc_core::{verify, Call, Collective, DataType, Plan, Rank, ReduceOp};
-use ringcc_verbs::{Launch, Launcher, VerbsConfig, VerbsTransport};
+use ringcc_verbs::{VerbsConfig, VerbsTransport};
 
 /// Rank `rank`'s input for `plan` (the core's exact test values).
 fn input(plan: &Plan, op: ReduceOp, rank: u32, salt: u64) -> Vec<u8> {
@@ -144,49 +145,4 @@ fn without_a_device_verbs_is_not_offered_and_two_ranks_find_no_transport() {
             other => panic!("expected no transport, got {other:?}"),
         }
     }
-}
-
-/// The 0.1 API the `ringcc perf --backend verbs` command still uses, on
-/// one rank: calls by value on `&mut self`, "registered" buffers (only
-/// borrowed now), the communicator's errors inside `Error::Comm`, and the
-/// communicator underneath.
-#[test]
-fn the_compatibility_api_runs_calls_and_reports_the_communicators_errors() {
-    let mut config = ringcc_verbs::Config::from_env().unwrap();
-    config.options.timeout = Duration::from_secs(10);
-    config.channels = 1;
-    let mut comm = ringcc_verbs::Communicator::new(launch(), config).unwrap();
-    assert_eq!(
-        (comm.rank(), comm.world_size(), comm.channels()),
-        (Rank(0), 1, 1)
-    );
-    let count = 1000u64;
-    let (dtype, op) = (DataType::F32, ReduceOp::Sum);
-    let call = Call::new(Collective::AllReduce, count, dtype, op);
-    let plan = Plan::new(Collective::AllReduce, count, dtype, 1, 1, 64).unwrap();
-    let mut inp = input(&plan, op, 0, 7);
-    let mut out = vec![0u8; inp.len()];
-    comm.run(call, &inp, &mut out).unwrap();
-    assert_eq!(Some(out.clone()), expected(&plan, op, 0, 7));
-    {
-        let reg_in = comm.register(&mut inp).unwrap();
-        let mut reg_out = comm.register(&mut out).unwrap();
-        reg_out.as_mut_slice().fill(0);
-        comm.run_registered(call, &reg_in, &mut reg_out).unwrap();
-        assert_eq!(Some(reg_out.as_slice().to_vec()), expected(&plan, op, 0, 7));
-    }
-    let mut buf = inp.clone();
-    comm.run_in_place(call, &mut buf).unwrap();
-    assert_eq!(Some(buf), expected(&plan, op, 0, 7));
-    assert_eq!(comm.calls(), 3);
-    let mut short = vec![0u8; 8];
-    match comm.run(call, &inp, &mut short) {
-        Err(ringcc_verbs::Error::Comm(ringcc_comm::Error::BadBuffer {
-            which: "output",
-            expected: 4000,
-            got: 8,
-        })) => {}
-        other => panic!("expected a bad output buffer, got {other:?}"),
-    }
-    comm.into_inner().close().unwrap();
 }

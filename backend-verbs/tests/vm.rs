@@ -634,7 +634,18 @@ fn cli_perf(register: &str, stranger: bool) -> Vec<Exit> {
         assert_eq!((r[8], r[12]), ("0", "0"), "wrong values in {r:?}");
     }
     assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
-    assert!(out.contains(&format!("(-R {register})")), "{out}");
+    assert!(
+        out.contains("# Backend: verbs — 2 rank(s) on 1 node(s)"),
+        "{out}"
+    );
+    assert!(out.contains("rank 0's hops: out verbs, in verbs"), "{out}");
+    // -R 1 is nccl-tests' flag: accepted, and the header says why it
+    // changes nothing.
+    assert_eq!(
+        out.contains("# -R 1: the NIC never reads a caller's buffer"),
+        register == "1",
+        "{out}"
+    );
     exits
 }
 
@@ -658,9 +669,9 @@ fn cli_perf_runs_and_rank_0_logs_the_stranger_it_rejects() {
     );
 }
 
-/// `ringcc perf -R 1`: each size's buffers "registered" once (the 0.1
-/// API the command still uses; the buffers are only borrowed now, the NIC
-/// never reads them) and every timed call on them.
+/// `ringcc perf -R 1`: nccl-tests' flag is accepted; the NIC never reads
+/// a caller's buffer, so there is nothing to register, and the header
+/// says so.
 #[test]
 #[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
 fn cli_perf_with_buffers_registered_once_checks_clean() {
@@ -726,4 +737,130 @@ fn cli_perf_checks_every_collective_in_place_and_counts_injected_corruption() {
         );
         assert!(out.contains("in place: one buffer"), "{coll}: {out}");
     }
+}
+
+/// Rank 0's table rows of a `ringcc perf` run, each checked clean out of
+/// place and in place.
+fn assert_rows_clean(out: &str, rows: usize) {
+    let got: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(got.len(), rows, "{out}");
+    for r in &got {
+        assert_eq!(r.len(), 13, "{r:?}");
+        assert_eq!((r[8], r[12]), ("0", "0"), "wrong values in {r:?}");
+    }
+    assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
+}
+
+/// `ringcc perf --backend host` (built with verbs) on two "nodes"
+/// (`RINGCC_NODE=a`, `b`) of two ranks: shared memory inside a node,
+/// verbs between them — the communicator's choice per hop, shown by rank
+/// 0's init banner (`RINGCC_DEBUG=INFO`) and the table's header — with
+/// verbs' FIFO (a host with an RDMA device takes it), every size checked
+/// clean out of place and in place.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_host_two_nodes_shm_inside_verbs_between() {
+    let args = [
+        "perf",
+        "allreduce",
+        "--backend",
+        "host",
+        "-b",
+        "4",
+        "-e",
+        "4M",
+        "-f",
+        "32",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ];
+    let mut job = Job::start_bin(&cli_bin(), 4, &args, |r| {
+        vars(&[
+            ("RINGCC_NODE", if r < 2 { "a" } else { "b" }),
+            ("RINGCC_DEBUG", "INFO"),
+        ])
+    });
+    let exits = job.finish(Duration::from_secs(300));
+    for e in &exits {
+        assert_eq!(e.code, Some(0), "rank {}:\n{}\n{}", e.rank, e.out, e.err);
+    }
+    let (out, err) = (&exits[0].out, &exits[0].err);
+    assert_rows_clean(out, 5);
+    assert!(
+        out.contains("# Backend: host — 4 rank(s) on 2 node(s)"),
+        "{out}"
+    );
+    assert!(out.contains("rank 0's hops: out shm, in verbs"), "{out}");
+    let g = ringcc_verbs::GEOMETRY;
+    assert!(
+        out.contains(&format!(
+            "{} B FIFO slots ({} per slice), {} B chunks",
+            g.slot_bytes(),
+            g.slots_per_slice(),
+            ringcc_verbs::CHUNK_BYTES
+        )),
+        "{out}"
+    );
+    assert!(
+        err.contains("ring 0[a] -shm-> 1[a] -verbs-> 2[b] -shm-> 3[b] -verbs-> 0"),
+        "{err}"
+    );
+}
+
+/// `ringcc perf --backend verbs --np 3`: the command starts its own three
+/// ranks on this host, and every hop goes over verbs (through the
+/// device's loopback); every size checks clean.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_verbs_np_runs_every_hop_over_verbs() {
+    let mut child = Command::new(cli_bin())
+        .args([
+            "perf",
+            "reducescatter",
+            "--backend",
+            "verbs",
+            "--np",
+            "3",
+            "-b",
+            "12",
+            "-e",
+            "12M",
+            "-f",
+            "32",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ])
+        .env("RINGCC_TIMEOUT_MS", "60000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ringcc");
+    let t0 = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("ringcc perf --backend verbs --np 3 ran past 300 s");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().expect("output");
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert_rows_clean(&out, 5);
+    assert!(
+        out.contains("# Backend: verbs — 3 rank(s) on 1 node(s)"),
+        "{out}"
+    );
+    assert!(out.contains("rank 0's hops: out verbs, in verbs"), "{out}");
 }

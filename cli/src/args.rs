@@ -61,12 +61,14 @@ impl CollArg {
 pub enum BackendArg {
     /// The deterministic cluster simulator (no hardware needed).
     Mock,
-    /// RDMA verbs over RC queue pairs, one rank per process (mpirun, srun,
-    /// torchrun); needs the `verbs` feature.
+    /// The host backend with RDMA verbs on every hop (RC queue pairs;
+    /// ranks of one node through the NIC's loopback); needs the `verbs`
+    /// feature and an RDMA device.
     Verbs,
     /// CUDA GPUs of this process; needs the `cuda` feature and a GPU.
     Cuda,
     /// Host memory, one rank per process: shared memory inside a node,
+    /// RDMA verbs (with the `verbs` feature, where a device is present) or
     /// TCP between nodes; ranks from --np N or a launcher (mpirun, srun,
     /// torchrun, RINGCC_RANK).
     Host,
@@ -97,8 +99,8 @@ pub struct TopoArgs {
     #[arg(long)]
     pub cross_nic: bool,
     /// Chunk size in bytes (K/M/G suffixes). Default: NCCL's 2M on the
-    /// simulator and CUDA; on verbs, two slices of its FIFO geometry
-    /// (`RINGCC_SLOT_BYTES`, `RINGCC_SLOTS_PER_SLICE`, `RINGCC_CHUNK_BYTES`).
+    /// simulator and CUDA; on host and verbs, `RINGCC_CHUNK_BYTES`, else
+    /// the communicator's (verbs': two slices of its FIFO).
     #[arg(long, value_parser = parse_size)]
     pub chunk_bytes: Option<u64>,
     /// NVLink bandwidth of the simulator, GB/s.
@@ -223,14 +225,14 @@ pub struct PerfArgs {
     /// Which backend runs the collective.
     #[arg(long, value_enum, default_value_t = BackendArg::Mock)]
     pub backend: BackendArg,
-    /// --backend host without a launcher: start this many ranks on this
-    /// machine (processes of this command); rank 0 prints the table.
+    /// --backend host or verbs without a launcher: start this many ranks on
+    /// this machine (processes of this command); rank 0 prints the table.
     #[arg(long)]
     pub np: Option<u32>,
-    /// 1: register the buffers with the backend once per size, before the
-    /// timed calls, as nccl-tests' `-R 1` does with `ncclCommRegister`
-    /// (verbs: it skips the per-call `ibv_reg_mr`). 0: every call
-    /// registers its own.
+    /// nccl-tests' `-R 1` (register the buffers once per size with
+    /// `ncclCommRegister`), accepted for its command lines: no backend
+    /// here registers a caller's buffer (verbs copies slices through
+    /// registered staging), and the table's header says so.
     #[arg(
         short = 'R',
         long = "local_register",
@@ -491,8 +493,8 @@ mod tests {
             (p.minbytes, p.maxbytes, p.stepfactor, p.dtypes),
             (8, 128 << 20, Some(2), TypeList(vec![DataType::Bf16]))
         );
-        // No --chunk-bytes: NCCL's chunk, and "not given" for the verbs
-        // backend, whose chunk then follows its FIFO geometry.
+        // No --chunk-bytes: NCCL's chunk, and "not given" for the host
+        // and verbs backends, whose chunk is then the communicator's.
         assert_eq!(p.topo.chunk_bytes, None);
         assert_eq!(p.topo.chunk_bytes(), 2 << 20);
     }

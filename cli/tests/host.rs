@@ -195,21 +195,20 @@ fn np_mistakes_are_usage_errors() {
     let dir = scratch("host", "usage");
     for (line, env, want) in [
         ("perf allreduce --backend host --np 0", None, "--np 0"),
-        ("perf allreduce --np 2", None, "--backend host only"),
+        (
+            "perf allreduce --np 2",
+            None,
+            "--backend host or verbs only",
+        ),
         (
             "perf allreduce --backend mock --np 2",
             None,
-            "--backend host only",
+            "--backend host or verbs only",
         ),
         (
             "perf allreduce --backend cuda --np 2",
             None,
-            "--backend host only",
-        ),
-        (
-            "perf allreduce --backend verbs --np 2",
-            None,
-            "--backend host only",
+            "--backend host or verbs only",
         ),
         ("perf allreduce --backend host --np=-1", None, "--np"),
         ("perf allreduce --backend host", None, "--np N"),
@@ -243,6 +242,51 @@ fn np_mistakes_are_usage_errors() {
         let lines = r.err.lines().filter(|l| !l.trim().is_empty()).count();
         assert!(lines <= 3, "{line}: {}", r.err);
         assert_eq!(r.err.matches(want).count(), 1, "{line}: {}", r.err);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--backend verbs --np 2` where it cannot run (a build without verbs,
+/// a host without an RDMA device, verbs turned off) is refused once, by
+/// the command, before it starts a rank: one line, no wait.
+#[test]
+fn verbs_np_without_verbs_is_refused_before_any_rank_starts() {
+    let dir = scratch("host", "verbs-np");
+    #[cfg(feature = "verbs")]
+    let has_device = !ringcc_verbs::devices().is_empty();
+    #[cfg(not(feature = "verbs"))]
+    let has_device = false;
+    let mut cases = vec![(
+        "perf allreduce --backend verbs --np 2",
+        vec![("RINGCC_IB_DISABLE", "1".to_string())],
+        2,
+        if cfg!(feature = "verbs") {
+            "RINGCC_IB_DISABLE=1 or RINGCC_NET=tcp turns off"
+        } else {
+            "built without the verbs backend"
+        },
+    )];
+    if !has_device {
+        cases.push((
+            "perf allreduce --backend verbs --np 2",
+            vec![],
+            if cfg!(feature = "verbs") { 1 } else { 2 },
+            if cfg!(feature = "verbs") {
+                "verbs: no RDMA device on this host"
+            } else {
+                "built without the verbs backend"
+            },
+        ));
+    }
+    for (line, env, code, want) in cases {
+        let env: Vec<(&str, String)> = env.into_iter().collect();
+        let t0 = Instant::now();
+        let r = finish(&dir, "run", start(&dir, "run", line, &env), LIMIT);
+        assert_eq!(r.code, Some(code), "{line} {env:?}: {}{}", r.out, r.err);
+        assert!(r.err.contains(want), "{line} {env:?}: {}", r.err);
+        assert_eq!(r.err.lines().count(), 1, "{line} {env:?}: {}", r.err);
+        assert!(!r.err.contains("[rank"), "a rank ran: {}", r.err);
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,12 +1,15 @@
 //! The backends `perf` can run on.
 //!
-//! `verbs` and `host` run one rank per process; what they share (host
-//! buffers in NCCL's layout, the timing loop, the slowest rank's time, the
-//! check on the core's reference values) is [`RankComm`] and the functions
-//! beside it.
+//! `host` and `verbs` are one backend, the communicator with one rank per
+//! process ([`host`]), with other transports ([`fabric`]); `--np N`
+//! starts the processes ([`np`]). The host buffers in NCCL's layout, the
+//! timing loop, the slowest rank's time and the check on the core's
+//! reference values are [`RankComm`] and the functions beside it.
 
+pub mod fabric;
 pub mod host;
 pub mod mock;
+pub mod np;
 pub use mock::MockBackend;
 
 use std::ops::Range;
@@ -14,21 +17,23 @@ use std::time::{Duration, Instant};
 
 use ringcc_core::{verify, Call, Collective, DataType, Plan, Rank, ReduceOp};
 
+use self::fabric::Fabric;
 use crate::args::{BackendArg, PerfArgs};
 use crate::error::CliError;
 use crate::perf::{Estimate, PerfBackend};
 
 /// Runs `perf` as the flags ask; returns the exit status. `--np N` (host
-/// only) starts N rank processes of this command instead.
+/// and verbs) starts N rank processes of this command instead.
 pub fn perf(a: &PerfArgs) -> Result<i32, CliError> {
-    if let Some(np) = a.np {
-        if a.backend != BackendArg::Host {
-            return Err(CliError::usage(
-                "--np starts ranks of --backend host only (the simulator and CUDA take their \
-                 ranks from the shape flags, verbs from its launcher)",
-            ));
-        }
-        return host::launch(a, np);
+    if let Some(n) = a.np {
+        let fabric = match a.backend {
+            BackendArg::Host => Fabric::Host,
+            BackendArg::Verbs => Fabric::Verbs,
+            BackendArg::Mock | BackendArg::Cuda => return Err(CliError::usage(NP_ONLY)),
+        };
+        // What every rank would refuse, refused once, before any starts.
+        fabric.check(&fabric.options()?)?;
+        return np::launch(a, n);
     }
     let mut b = open(a)?;
     Ok(if crate::perf::perf(a, b.as_mut())? {
@@ -38,22 +43,29 @@ pub fn perf(a: &PerfArgs) -> Result<i32, CliError> {
     })
 }
 
+/// `--np` given to a backend that takes its ranks otherwise.
+const NP_ONLY: &str = "--np starts ranks of --backend host or verbs only (the simulator and \
+                       CUDA take their ranks from the shape flags)";
+
 /// Opens the backend the flags ask for.
 pub fn open(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
     match a.backend {
         BackendArg::Mock => Ok(Box::new(MockBackend::new(&a.topo)?)),
-        BackendArg::Verbs => verbs(a),
         BackendArg::Cuda => cuda(a),
-        BackendArg::Host => {
-            // The launcher fixes the ranks; the shape flags are only
-            // checked, as on verbs.
-            crate::topo::resolve(&a.topo)?;
-            Ok(Box::new(host::HostBackend::new(&a.topo)?))
-        }
+        BackendArg::Host => ranks(a, Fabric::Host),
+        BackendArg::Verbs => ranks(a, Fabric::Verbs),
     }
 }
 
-/// One rank of a job of processes (verbs, host), as `perf` times and
+/// This process's rank of a job over `fabric`.
+fn ranks(a: &PerfArgs, fabric: Fabric) -> Result<Box<dyn PerfBackend>, CliError> {
+    // The launcher fixes the ranks; the shape flags are only checked, so
+    // that contradictory ones are refused here as on every other backend.
+    crate::topo::resolve(&a.topo)?;
+    Ok(Box::new(host::HostBackend::new(&a.topo, fabric)?))
+}
+
+/// One rank of a job of processes (host, verbs), as `perf` times and
 /// checks it.
 pub(crate) trait RankComm {
     /// This rank.
@@ -207,24 +219,6 @@ pub(crate) fn estimate(c: &Call, world: u32) -> Estimate {
     }
 }
 
-#[cfg(feature = "verbs")]
-fn verbs(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
-    // The launcher fixes the ranks; the shape flags are only checked, so
-    // that contradictory ones are refused here as on every other backend.
-    crate::topo::resolve(&a.topo)?;
-    Ok(Box::new(verbs::VerbsBackend::new(
-        &a.topo,
-        a.local_register != 0,
-    )?))
-}
-
-#[cfg(not(feature = "verbs"))]
-fn verbs(_: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
-    Err(CliError::usage(
-        "this ringcc was built without the verbs backend: cargo build --release -p ringcc --features verbs",
-    ))
-}
-
 #[cfg(feature = "cuda")]
 fn cuda(a: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
     Ok(Box::new(cuda::CudaBackend::new(&crate::topo::resolve(
@@ -241,5 +235,3 @@ fn cuda(_: &PerfArgs) -> Result<Box<dyn PerfBackend>, CliError> {
 
 #[cfg(feature = "cuda")]
 mod cuda;
-#[cfg(feature = "verbs")]
-mod verbs;
