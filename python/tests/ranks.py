@@ -1,7 +1,9 @@
 """Ranks as processes: ``run(fn, world, ...)`` forks ``world`` children,
 each calls ``fn(rank, world, *args)`` with torchrun's variables (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT of a free port) and the extra
-environment, and hands back what it returned, or its traceback. Children
+environment, and hands back what it returned, or its traceback; each
+child exits once every rank has reported (rank 0 may serve the store the
+others still need). Children
 still running at the deadline are killed (SIGKILL) and reported; a child
 killed by a signal is reported as ``Killed(signal)``."""
 
@@ -34,7 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world, args, env, q):
+def _child(fn, rank, world, args, env, q, release):
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     try:
@@ -44,6 +46,10 @@ def _child(fn, rank, world, args, env, q):
     q.put((rank, out))
     q.close()
     q.join_thread()
+    # Stay until every rank has reported: rank 0 may serve the job's store,
+    # which the others still use (bounded: the parent releases at its
+    # deadline too).
+    release.wait(60)
     # No interpreter teardown: a rank's leftovers (a peer's dead store)
     # must not make the test wait.
     os._exit(0)
@@ -54,9 +60,10 @@ def run(fn, world: int, *args, deadline: float = 60.0, env: dict | None = None):
     Raises AssertionError naming the ranks still running at ``deadline``."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
+    release = ctx.Event()
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     base.update(env or {})
-    procs = [ctx.Process(target=_child, args=(fn, r, world, args, base, q), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_child, args=(fn, r, world, args, base, q, release), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, object] = {}
@@ -72,6 +79,7 @@ def run(fn, world: int, *args, deadline: float = 60.0, env: dict | None = None):
                 results[r] = Killed(r, -p.exitcode)
             elif r not in results and p.exitcode not in (None, 0):
                 results[r] = Failed(r, f"exited with code {p.exitcode} before reporting")
+    release.set()
     hung = [r for r in range(world) if r not in results]
     for r in hung:
         os.kill(procs[r].pid, signal.SIGKILL)

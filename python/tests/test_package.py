@@ -326,8 +326,14 @@ def test_gil_is_released_while_a_call_waits():
     assert ticks > 200, res
 
 
+# Communicators kept open until the rank's process exits: rank 0 serves
+# the job's store, and closing it would stop the store under the others.
+_KEEP = []
+
+
 def _timeout_then_abort(rank, world):
     c = _from_env(rank, world, timeout_ms=1500)
+    _KEEP.append(c)
     c.barrier()
     got = {}
     if rank == 0:
@@ -357,6 +363,7 @@ def test_a_call_nobody_answers_times_out_and_aborts_the_job():
 
 def _abort(rank, world):
     c = _from_env(rank, world)
+    _KEEP.append(c)
     c.barrier()
     if rank == 0:
         c.abort("stop, says rank 0")

@@ -20,6 +20,8 @@ def join(how: str = "env", timeout: float = 30.0):
     """ringcc as the default group (env://, init_method tcp:// or store=),
     and a gloo group of the same ranks."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Several ranks share this machine's cores: one compute thread each.
+    torch.set_num_threads(1)
     t = datetime.timedelta(seconds=timeout)
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if how == "env":
