@@ -18,6 +18,12 @@ import ringcc
 from ranks import check, run
 
 
+# Communicators and stores kept until the rank's process exits: rank 0
+# serves the job's store, and closing it would stop the store under the
+# others.
+_KEEP = []
+
+
 class DictStore:
     """A store in this process, with torch Store's methods."""
 
@@ -279,6 +285,7 @@ def _over_torch_store(rank, world):
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0, timeout=datetime.timedelta(seconds=20))
+    _KEEP.append(store)  # rank 0's serves the others until they are done
     c = ringcc.Communicator(rank, world, store, timeout=20)
     x = np.full(100, rank + 1.0)
     c.all_reduce(x)
@@ -324,11 +331,6 @@ def test_gil_is_released_while_a_call_waits():
     assert dt > 0.8
     # A thread needing the GIL kept running through the wait (~1 ms sleeps).
     assert ticks > 200, res
-
-
-# Communicators kept open until the rank's process exits: rank 0 serves
-# the job's store, and closing it would stop the store under the others.
-_KEEP = []
 
 
 def _timeout_then_abort(rank, world):
