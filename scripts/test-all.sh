@@ -15,6 +15,8 @@
 #                            engines over it (bounded preemptions)
 #   6. no_std check          a freestanding binary links the core; defmt builds
 #   7. fuzzing               every wire-format fuzz target, briefly
+#      Python tests          the ringcc package and its torch backend
+#                            (pytest; torch installed once into a cache)
 #   8. Soft-RoCE VM tests    real RDMA verbs in a VM, multi-process
 #   9. GPU tests             when a GPU is present (said clearly when not)
 #
@@ -117,6 +119,15 @@ done_stage
 
 stage "7. fuzzing (${FUZZ_SECONDS:-10}s per target)"
 scripts/fuzz-smoke.sh "${FUZZ_SECONDS:-10}"
+done_stage
+
+stage "Python tests"
+# The Python package (python/): its venv with torch from PyPI is made once
+# under ${RINGCC_PY_CACHE:-$HOME/.cache/ringcc}/py and reused; the wheel is
+# built from this tree (maturin, release) and pytest runs python/tests
+# (the plain package, and the "ringcc" torch.distributed backend against
+# gloo, DDP included).
+scripts/python-tests.sh
 done_stage
 
 stage "8. Soft-RoCE VM tests"
