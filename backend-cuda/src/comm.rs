@@ -7,7 +7,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use ringcc_core::{Collective, Rank, ReduceOp};
 
-use crate::config::Config;
+use crate::config::{Config, LaunchMode};
 use crate::device::cuda::CudaDevice;
 use crate::driver;
 use crate::dtype::CollType;
@@ -96,7 +96,15 @@ impl Comm {
             devices = ?layout.distinct_devices(),
             "ringcc-cuda: communicator"
         );
-        let device = CudaDevice::new(layout.clone(), contexts.clone(), streams, config.waves)?;
+        let device = CudaDevice::new(
+            layout.clone(),
+            contexts.clone(),
+            streams,
+            config.waves,
+            config.launch,
+            config.timeout,
+        )?;
+        tracing::info!(launch = %device.launch_mode(), "ringcc-cuda: launch mode");
         Ok(Comm {
             state: CommState::new(layout, config)?,
             device,
@@ -118,6 +126,13 @@ impl Comm {
     /// The settings.
     pub fn config(&self) -> &Config {
         self.state.config()
+    }
+
+    /// How calls run: the device loop ([`LaunchMode::Persistent`], the
+    /// default) or one launch per slice ([`LaunchMode::Slice`], asked for
+    /// or fallen back to; see [`Config::launch`]).
+    pub fn launch_mode(&self) -> LaunchMode {
+        self.device.launch_mode()
     }
 
     /// Rank `rank`'s stream: allocate its buffers and order its work there.
@@ -241,10 +256,14 @@ impl Comm {
     }
 
     /// Waits until every rank's stream has finished all work enqueued so
-    /// far, polling with the configured deadline; reports device errors.
+    /// far, polling with the configured deadline; reports device errors
+    /// and, on the device loop, the failure a block recorded (a timeout
+    /// with what it waited for, a mismatched call). When the deadline
+    /// passes on the device loop, it raises the abort word and waits (at
+    /// most as long again) for the kernels to stop before it returns.
     pub fn synchronize(&self) -> Result<()> {
         let timeout = self.state.config().timeout;
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Instant::now() + timeout;
         let mut events = Vec::new();
         for r in 0..self.ranks() {
             let s = self.device.stream(StreamId::User(Rank(r)))?;
@@ -259,16 +278,28 @@ impl Comm {
                     .map_err(Error::driver("cuEventRecord"))?,
             );
         }
+        let mut aborted = false;
         for e in &events {
             loop {
                 if e.try_is_complete().map_err(Error::driver("cuEventQuery"))? {
                     break;
                 }
-                if Instant::now() > deadline {
-                    return Err(Error::Timeout {
-                        waiting_for: "the device to finish the enqueued collectives".into(),
-                        after: timeout,
-                    });
+                let now = Instant::now();
+                if now > deadline {
+                    match self.device.loops() {
+                        // Stop the loops, give them as long again to see it.
+                        Some(l) if !aborted => {
+                            l.abort();
+                            aborted = true;
+                            deadline = now + timeout;
+                        }
+                        _ => {
+                            return Err(Error::Timeout {
+                                waiting_for: "the device to finish the enqueued collectives".into(),
+                                after: timeout,
+                            })
+                        }
+                    }
                 }
                 std::thread::sleep(std::time::Duration::from_micros(20));
             }
@@ -277,7 +308,18 @@ impl Comm {
             ctx.check_err()
                 .map_err(Error::driver("deferred CUDA call"))?;
         }
-        Ok(())
+        let failure = self.device.loops().and_then(|l| l.failure());
+        match (failure, aborted) {
+            // A block's own report says more than our deadline.
+            (Some(e @ (Error::Timeout { .. } | Error::Core { .. })), _) | (Some(e), false) => {
+                Err(e)
+            }
+            (_, true) => Err(Error::Timeout {
+                waiting_for: "the device loops to finish the enqueued collectives (aborted)".into(),
+                after: timeout,
+            }),
+            (None, false) => Ok(()),
+        }
     }
 
     /// The first failure of this communicator, if one poisoned it.

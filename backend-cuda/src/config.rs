@@ -6,8 +6,60 @@ use ringcc_core::fifo::FifoGeometry;
 
 use crate::error::{Error, Result};
 
+/// How the GPU communicator carries out a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LaunchMode {
+    /// One persistent kernel per rank and call, one block per channel,
+    /// walking the whole plan on the device ([`crate::device_loop`]).
+    Persistent,
+    /// One fused-kernel launch per slice, ordered by events
+    /// ([`crate::progress`]).
+    Slice,
+}
+
+impl LaunchMode {
+    /// The environment variable that picks the default mode.
+    pub const ENV: &'static str = "RINGCC_CUDA_LAUNCH";
+
+    /// `persistent` or `slice` (any case, surrounding blanks ignored).
+    pub fn parse(s: &str) -> Option<LaunchMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "persistent" => Some(LaunchMode::Persistent),
+            "slice" => Some(LaunchMode::Slice),
+            _ => None,
+        }
+    }
+
+    /// The mode's name, as [`parse`](LaunchMode::parse) reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LaunchMode::Persistent => "persistent",
+            LaunchMode::Slice => "slice",
+        }
+    }
+
+    /// [`ENV`](LaunchMode::ENV) if it is set to a mode, else
+    /// `Persistent`; another value is logged and ignored.
+    pub fn from_env() -> LaunchMode {
+        match std::env::var(Self::ENV) {
+            Ok(v) => LaunchMode::parse(&v).unwrap_or_else(|| {
+                tracing::warn!(value = %v, "ringcc-cuda: {} must be persistent or slice; using persistent", Self::ENV);
+                LaunchMode::Persistent
+            }),
+            Err(_) => LaunchMode::Persistent,
+        }
+    }
+}
+
+impl std::fmt::Display for LaunchMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How a communicator is built. [`Config::default`] follows NCCL's Simple
-/// protocol: 512 KiB slots, slices of 2 slots, chunks of 4.
+/// protocol: 512 KiB slots, slices of 2 slots, chunks of 4; it launches
+/// the device loop unless `RINGCC_CUDA_LAUNCH=slice`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Channels (rings, each with its own stream per rank), `1..=64`.
@@ -24,6 +76,12 @@ pub struct Config {
     /// Use peer access between devices where the hardware allows it
     /// (otherwise every cross-device hop is staged and copied).
     pub peer_access: bool,
+    /// How calls run on the GPU. `Persistent` falls back to `Slice` where
+    /// the device loop cannot run: a staged hop (no peer access), two
+    /// ranks on one stream, a device older than compute capability 7.0
+    /// ([`Comm::launch_mode`](crate::Comm::launch_mode) says which runs).
+    /// The host fake device always runs slices.
+    pub launch: LaunchMode,
 }
 
 impl Default for Config {
@@ -35,6 +93,7 @@ impl Default for Config {
             timeout: Duration::from_secs(60),
             waves: 8,
             peer_access: true,
+            launch: LaunchMode::from_env(),
         }
     }
 }
@@ -92,6 +151,15 @@ mod tests {
         .validate()
         .is_err());
         assert!(Config::small(24, 1).is_err());
+        assert_eq!(LaunchMode::parse(" Slice\n"), Some(LaunchMode::Slice));
+        assert_eq!(
+            LaunchMode::parse("PERSISTENT"),
+            Some(LaunchMode::Persistent)
+        );
+        assert_eq!(LaunchMode::parse("fast"), None);
+        for m in [LaunchMode::Slice, LaunchMode::Persistent] {
+            assert_eq!(LaunchMode::parse(m.name()), Some(m));
+        }
         assert_eq!(Config::small(64, 3).unwrap().chunk_bytes, 256);
     }
 }

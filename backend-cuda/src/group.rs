@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop}
 use ringcc_core::{Collective, Rank, ReduceOp};
 
 use crate::comm::Comm;
+use crate::config::LaunchMode;
 use crate::dtype::CollType;
 use crate::error::{Error, Result};
 use crate::layout::StreamId;
@@ -295,7 +296,10 @@ impl<'a> Group<'a> {
                 }
             }
         }
-        let r = comm.state.run(&mut comm.device, &specs);
+        let r = match comm.device.launch_mode() {
+            LaunchMode::Persistent => comm.state.run_loops(&mut comm.device, &specs),
+            LaunchMode::Slice => comm.state.run(&mut comm.device, &specs),
+        };
         comm.device.unbind();
         drop(guards);
         r

@@ -9,6 +9,7 @@ use ringcc_core::{Plan, Rank};
 
 use crate::config::Config;
 use crate::device::Device;
+use crate::device_loop::{self, LoopLauncher};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::progress::{self, RankEngine};
@@ -72,6 +73,9 @@ pub struct CommState {
     epoch: Instant,
     /// Why the communicator is unusable: the first failure.
     poisoned: Option<String>,
+    /// Calls run on the device loop (which keeps its counters on the
+    /// device; the engines then stay idle at sequence 0).
+    loop_calls: u64,
 }
 
 impl CommState {
@@ -84,6 +88,7 @@ impl CommState {
             config,
             epoch: Instant::now(),
             poisoned: None,
+            loop_calls: 0,
         })
     }
 
@@ -106,7 +111,10 @@ impl CommState {
     /// The sequence number the next call gets (every rank's engine agrees
     /// while the communicator is live).
     pub fn seq(&self) -> u64 {
-        self.engines.first().map_or(0, RankEngine::seq)
+        self.engines
+            .first()
+            .map_or(0, RankEngine::seq)
+            .saturating_add(self.loop_calls)
     }
 
     /// The first failure, if a call (or the device after it) failed.
@@ -143,6 +151,29 @@ impl CommState {
         if let Err(e) = &r {
             tracing::warn!(error = %e, seq = self.seq(), "ringcc-cuda: collective failed; communicator poisoned");
             self.poison(e);
+        }
+        r
+    }
+
+    /// Enqueues one call (`calls[r]` from rank `r`) on the device loop:
+    /// the checks the engines make when a call starts
+    /// ([`device_loop::check_calls`]), then one launch per rank. A call
+    /// refused before it starts (rank count, plan) changes nothing; a
+    /// refusal by those checks or a failed launch poisons the
+    /// communicator, as in [`run`](CommState::run). Failures on the device
+    /// show when the caller synchronizes.
+    pub fn run_loops<L: LoopLauncher>(&mut self, launcher: &mut L, calls: &[Call]) -> Result<()> {
+        self.check_live()?;
+        let plans = progress::plans(&self.layout, calls, self.config.chunk_bytes)?;
+        let seq = self.seq();
+        let r = device_loop::check_calls(&self.layout, calls, &plans, seq)
+            .and_then(|()| launcher.launch_loops(seq, calls, &plans));
+        match &r {
+            Ok(()) => self.loop_calls = self.loop_calls.saturating_add(1),
+            Err(e) => {
+                tracing::warn!(error = %e, seq, "ringcc-cuda: collective failed; communicator poisoned");
+                self.poison(e);
+            }
         }
         r
     }

@@ -1,11 +1,13 @@
-//! Every generated module compiles with NVRTC and assembles (NVRTC's
-//! built-in ptxas) for Hopper (`sm_90`), and yields PTX for the oldest
-//! architecture the NVRTC found does not deprecate. NVRTC needs no
+//! Every generated module — the fused kernels and the device loop of every
+//! (type, op) — compiles with NVRTC and assembles (NVRTC's built-in
+//! ptxas) for Hopper (`sm_90`), and yields PTX for the oldest architecture
+//! the NVRTC found does not deprecate (the device loop: for `sm_70`, the
+//! oldest it runs on). NVRTC needs no
 //! GPU: `pip install nvidia-cuda-nvrtc-cu12` is enough (or set
 //! `RINGCC_NVRTC_LIB`). Without NVRTC the test says it skipped, unless
 //! `RINGCC_NVRTC_LIB` or `RINGCC_REQUIRE_NVRTC` is set: then it fails.
 
-use ringcc_cuda::kernel::ModuleKey;
+use ringcc_cuda::kernel::{loop_symbol, ModuleKey};
 use ringcc_cuda::nvrtc::{Image, Nvrtc, Target};
 use ringcc_cuda::Error;
 
@@ -60,6 +62,56 @@ fn every_module_compiles_and_assembles() {
             }
         }
     }
+}
+
+#[test]
+fn every_device_loop_compiles_and_assembles() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let archs = nvrtc.supported_archs().unwrap();
+    let oldest = archs.iter().copied().filter(|&a| a >= 70).min().unwrap();
+    let mut targets = vec![Target::Ptx(oldest)];
+    if archs.contains(&90) {
+        targets.push(Target::Cubin(90));
+    }
+    for module in ModuleKey::all() {
+        for t in &targets {
+            match nvrtc.compile_loop(module, t) {
+                Ok(Image::Ptx(p)) => {
+                    let entry = format!(".entry {}(", loop_symbol(module));
+                    assert!(p.contains(&entry), "{}: no {entry}", module.name());
+                    // The counters: acquire loads, release pattern, sys scope.
+                    assert!(p.contains("ld.acquire.sys.global.u64"), "{}", module.name());
+                    assert!(p.contains("fence.acq_rel.sys"), "{}", module.name());
+                    assert!(p.contains("st.relaxed.sys.global.u64"), "{}", module.name());
+                    assert!(p.contains("%globaltimer"), "{}", module.name());
+                    assert!(p.contains("bar.sync"), "{}", module.name());
+                }
+                Ok(Image::Cubin(c)) => assert!(c.starts_with(b"\x7fELF"), "{}", module.name()),
+                Err(e) => panic!("{} loop for {t:?}: {e}", module.name()),
+            }
+        }
+    }
+}
+
+/// The device loop moves slices with the fused kernels' 16-byte vectors.
+#[test]
+fn device_loop_uses_vector_memory_operations() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let m = ModuleKey {
+        dtype: ringcc_core::DataType::F32,
+        op: ringcc_core::ReduceOp::Sum,
+    };
+    let Image::Ptx(ptx) = nvrtc.compile_loop(m, &Target::Ptx(80)).unwrap() else {
+        panic!()
+    };
+    assert!(
+        ptx.contains("ld.global.v4") || ptx.contains("ld.v4"),
+        "no 16-byte load"
+    );
+    assert!(
+        ptx.contains("st.global.v4") || ptx.contains("st.v4"),
+        "no 16-byte store"
+    );
 }
 
 #[test]

@@ -5,8 +5,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+use ringcc_core::{Call, Plan, Rank};
 
 use super::{CopyOp, Device, SliceOp};
+use crate::config::LaunchMode;
+use crate::device_loop::gpu::LoopDevice;
+use crate::device_loop::LoopLauncher;
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::fused::FusedModule;
@@ -39,6 +43,11 @@ impl DeviceAlloc {
         // SAFETY: `ptr` is a fresh allocation of at least `n` bytes.
         unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(Error::driver("cuMemsetD8"))?;
         Ok(a)
+    }
+
+    /// The device address.
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
     }
 }
 
@@ -81,17 +90,23 @@ pub(crate) struct CudaDevice {
     events: Vec<CudaEvent>,
     fifos: HashMap<BufId, DeviceAlloc>,
     bound: HashMap<BufId, (sys::CUdeviceptr, u64)>,
+    /// The device loop's resources, when calls run on it.
+    loops: Option<LoopDevice>,
 }
 
 impl CudaDevice {
     /// Builds the device: `user_streams[r]` is rank `r`'s stream (on its
     /// device). Creates the channel streams, the events and the FIFOs, and
-    /// enables peer access where the layout uses it.
+    /// enables peer access where the layout uses it. With
+    /// [`LaunchMode::Persistent`] it also builds the device loop's
+    /// resources, or, where the loop cannot run, says why and runs slices.
     pub(crate) fn new(
         layout: Layout,
         contexts: HashMap<usize, Arc<CudaContext>>,
         user_streams: Vec<Arc<CudaStream>>,
         waves: u32,
+        launch: LaunchMode,
+        timeout: std::time::Duration,
     ) -> Result<CudaDevice> {
         let mut gpus = HashMap::new();
         for (&ordinal, ctx) in &contexts {
@@ -171,6 +186,28 @@ impl CudaDevice {
                 );
             }
         }
+        let staged = (0..layout.ranks()).any(|r| layout.link(Rank(r)) == LinkKind::Staged);
+        let loops = match launch {
+            LaunchMode::Slice => None,
+            LaunchMode::Persistent if staged => {
+                tracing::info!(
+                    "ringcc-cuda: a hop without peer access is staged; launching slices"
+                );
+                None
+            }
+            LaunchMode::Persistent => {
+                let users = streams.get(..layout.ranks() as usize).unwrap_or_default();
+                match LoopDevice::new(&layout, &contexts, users, timeout, |k| {
+                    fifos.get(&BufId::Fifo(k)).map(DeviceAlloc::ptr)
+                }) {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ringcc-cuda: device loop unavailable; launching slices");
+                        None
+                    }
+                }
+            }
+        };
         Ok(CudaDevice {
             layout,
             gpus,
@@ -178,7 +215,32 @@ impl CudaDevice {
             events,
             fifos,
             bound: HashMap::new(),
+            loops,
         })
+    }
+
+    /// How calls run: [`LaunchMode::Persistent`] when the device loop was
+    /// built.
+    pub(crate) fn launch_mode(&self) -> LaunchMode {
+        if self.loops.is_some() {
+            LaunchMode::Persistent
+        } else {
+            LaunchMode::Slice
+        }
+    }
+
+    /// The device loop's resources, when calls run on it.
+    pub(crate) fn loops(&self) -> Option<&LoopDevice> {
+        self.loops.as_ref()
+    }
+
+    /// `len` bytes of a bound user buffer (0 when `len` is 0: nothing is
+    /// accessed).
+    fn user_address(&self, buf: BufId, len: u64) -> Result<u64> {
+        if len == 0 {
+            return Ok(0);
+        }
+        self.address(MemRef { buf, offset: 0 }, len)
     }
 
     /// Binds a rank's input and output for the next call (device
@@ -193,8 +255,12 @@ impl CudaDevice {
         self.bound.clear();
     }
 
-    /// Compiles and loads the kernels of `module` on every device now.
+    /// Compiles and loads the kernels of `module` on every device now:
+    /// the device loop's, or the fused kernels'.
     pub(crate) fn prepare(&mut self, module: ModuleKey) -> Result<()> {
+        if let Some(l) = &mut self.loops {
+            return l.prepare(module);
+        }
         for d in self.gpus.values_mut() {
             d.module(module)?;
         }
@@ -339,5 +405,47 @@ impl CudaDevice {
                 ordinal,
                 count: self.gpus.len(),
             })
+    }
+}
+
+impl LoopLauncher for CudaDevice {
+    /// One launch per rank on its stream, after the modules are loaded
+    /// everywhere. Fails first with the failure an earlier call left on
+    /// the device (sticky); a launch that fails after others succeeded
+    /// raises the abort word, so those stop at once.
+    fn launch_loops(&mut self, seq: u64, calls: &[Call], plans: &[Plan]) -> Result<()> {
+        let Some(loops) = &self.loops else {
+            return Err(Error::BadConfig {
+                what: "the device loop is not available on this communicator",
+            });
+        };
+        if let Some(e) = loops.failure() {
+            return Err(e);
+        }
+        let mut buffers = Vec::with_capacity(calls.len());
+        for (r, plan) in plans.iter().enumerate() {
+            let rank = Rank(r as u32);
+            let elem = u64::from(plan.dtype().size());
+            buffers.push((
+                self.user_address(BufId::Input(rank), plan.input_len().saturating_mul(elem))?,
+                self.user_address(BufId::Output(rank), plan.output_len().saturating_mul(elem))?,
+            ));
+        }
+        let Some(loops) = &mut self.loops else {
+            return Ok(());
+        };
+        for call in calls {
+            loops.prepare(ModuleKey {
+                dtype: call.dtype,
+                op: call.desc(seq).op,
+            })?;
+        }
+        for (r, ((call, plan), b)) in calls.iter().zip(plans).zip(buffers).enumerate() {
+            if let Err(e) = loops.launch(Rank(r as u32), call, plan, seq, b) {
+                loops.abort();
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 }

@@ -6,12 +6,20 @@
 //! the local output and/or the successor's FIFO slice in one pass. The eight
 //! kernels of one (type, op) form one NVRTC module, compiled once per
 //! architecture and loaded once per device.
+//!
+//! The device loop ([`loop_source`]) is a second module per (type, op): one
+//! persistent kernel that walks the whole plan on the device with the same
+//! slice bodies and the plan's step formula ([`plan_source`]).
 
 mod geometry;
+pub mod loop_source;
+pub mod plan_source;
 mod source;
 
 pub use geometry::{LaunchGeometry, BLOCK_THREADS, VECTOR_BYTES};
-pub use source::{module_source, HOST_EMULATION_DEFINE};
+pub use loop_source::{loop_source, loop_symbol, LOOP_THREADS};
+pub use plan_source::{plan_source, plan_test_source};
+pub use source::{body_symbol, module_source, HOST_EMULATION_DEFINE};
 
 use ringcc_core::{DataType, Primitive, ReduceOp};
 

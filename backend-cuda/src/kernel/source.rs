@@ -23,7 +23,7 @@ use super::{storage_type, KernelKey, ModuleKey, PRIMITIVES};
 /// The preprocessor symbol that selects the host emulation.
 pub const HOST_EMULATION_DEFINE: &str = "RINGCC_HOST_EMULATION";
 
-const PRELUDE: &str = r#"#if defined(RINGCC_HOST_EMULATION)
+pub(crate) const PRELUDE: &str = r#"#if defined(RINGCC_HOST_EMULATION)
 #include <math.h>
 #include <string.h>
 #define RC_FN static inline
@@ -128,9 +128,19 @@ fn elem_expr(p: Primitive, op: ReduceOp) -> String {
     }
 }
 
-fn kernel(out: &mut String, key: KernelKey, epv: u64) {
-    let p = key.primitive;
-    let Some(name) = key.symbol() else { return };
+/// The name of the device function that carries out one slice of `p`
+/// (`rc_body_<primitive>`): the fused kernels and the device loop
+/// ([`super::loop_source`]) both call it. `None` for a primitive no plan
+/// emits.
+pub fn body_symbol(p: Primitive) -> Option<String> {
+    super::primitive_index(p)?;
+    Some(format!("rc_body_{}", p.name()))
+}
+
+/// `rc_body_<primitive>`: one slice, by thread `rc_tid` of `rc_stride`
+/// (a grid-stride loop over 16-byte vectors, then a scalar tail).
+fn body(out: &mut String, p: Primitive, op: ReduceOp, epv: u64) {
+    let Some(name) = body_symbol(p) else { return };
     let reads_recv = p.contains(Primitive::RECV);
     let reads_in = p.reads_input();
     let mut used = Vec::new();
@@ -149,12 +159,11 @@ fn kernel(out: &mut String, key: KernelKey, epv: u64) {
         .map(|p| format!("(unsigned long long){p}"))
         .collect::<Vec<_>>()
         .join(" | ");
-    let expr = elem_expr(p, key.module.op);
+    let expr = elem_expr(p, op);
     let _ = writeln!(
         out,
-        "RC_KERNEL({name})(const T* recv, const T* in, T* out, T* send, unsigned long long n, unsigned int nranks RC_GRID_PARAMS) {{"
+        "RC_FN void {name}(const T* recv, const T* in, T* out, T* send, unsigned long long n, unsigned int nranks, unsigned long long rc_tid, unsigned long long rc_stride) {{"
     );
-    let _ = writeln!(out, "    RC_GRID");
     let _ = writeln!(
         out,
         "    (void)recv; (void)in; (void)out; (void)send; (void)nranks;"
@@ -209,17 +218,28 @@ fn kernel(out: &mut String, key: KernelKey, epv: u64) {
     let _ = writeln!(out, "}}");
 }
 
-/// The complete source of one module: its element functions and the
-/// eight fused kernels of [`PRIMITIVES`].
-pub fn module_source(module: ModuleKey) -> String {
+/// The fused kernel of `key`: the grid's position, then its body.
+fn kernel(out: &mut String, key: KernelKey) {
+    let (Some(name), Some(body)) = (key.symbol(), body_symbol(key.primitive)) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "RC_KERNEL({name})(const T* recv, const T* in, T* out, T* send, unsigned long long n, unsigned int nranks RC_GRID_PARAMS) {{"
+    );
+    let _ = writeln!(out, "    RC_GRID");
+    let _ = writeln!(
+        out,
+        "    {body}(recv, in, out, send, n, nranks, rc_tid, rc_stride);"
+    );
+    let _ = writeln!(out, "}}");
+}
+
+/// What every module of (type, op) starts with: the prelude, the element
+/// type, `rc_op`, `rc_fin` and the slice bodies of [`PRIMITIVES`].
+pub(crate) fn common_source(module: ModuleKey, s: &mut String) {
     let ModuleKey { dtype, op } = module;
     let epv = super::VECTOR_BYTES / u64::from(dtype.size());
-    let mut s = String::with_capacity(16 * 1024);
-    let _ = writeln!(
-        s,
-        "/* ringcc fused kernels, module {}: generated, do not edit. */",
-        module.name()
-    );
     s.push_str(PRELUDE);
     let _ = writeln!(s, "typedef {} T;", storage_type(dtype));
     let _ = writeln!(s, "union rc_vec {{ uint4 u; T e[{epv}]; }};");
@@ -229,8 +249,23 @@ pub fn module_source(module: ModuleKey) -> String {
         "RC_FN T rc_fin(T x, unsigned int n) {{ {} }}",
         finalize_body(dtype)
     );
+    for p in PRIMITIVES {
+        body(s, p, op, epv);
+    }
+}
+
+/// The complete source of one module: its element functions and the
+/// eight fused kernels of [`PRIMITIVES`].
+pub fn module_source(module: ModuleKey) -> String {
+    let mut s = String::with_capacity(16 * 1024);
+    let _ = writeln!(
+        s,
+        "/* ringcc fused kernels, module {}: generated, do not edit. */",
+        module.name()
+    );
+    common_source(module, &mut s);
     for primitive in PRIMITIVES {
-        kernel(&mut s, KernelKey { primitive, module }, epv);
+        kernel(&mut s, KernelKey { primitive, module });
     }
     s
 }
@@ -299,13 +334,8 @@ mod tests {
     fn primitives_touch_only_their_buffers() {
         let src = module_source(module(DataType::F32, ReduceOp::Sum));
         let body = |p: Primitive| {
-            let name = KernelKey {
-                primitive: p,
-                module: module(DataType::F32, ReduceOp::Sum),
-            }
-            .symbol()
-            .unwrap();
-            let start = src.find(&format!("RC_KERNEL({name})")).unwrap();
+            let name = body_symbol(p).unwrap();
+            let start = src.find(&format!("RC_FN void {name}(")).unwrap();
             let rest = &src[start..];
             rest[..rest.find("\n}\n").unwrap()].to_owned()
         };

@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
-use crate::kernel::{module_source, ModuleKey};
+use crate::kernel::{loop_source, module_source, ModuleKey};
 
 use raw::{NvrtcLib, Program};
 
@@ -160,6 +160,15 @@ impl Nvrtc {
     /// Compiles one module of fused kernels.
     pub fn compile_module(&self, module: ModuleKey, target: &Target) -> Result<Image> {
         self.compile(&module.name(), &module_source(module), target)
+    }
+
+    /// Compiles one module's device loop (`<module>_loop`).
+    pub fn compile_loop(&self, module: ModuleKey, target: &Target) -> Result<Image> {
+        self.compile(
+            &format!("{}_loop", module.name()),
+            &loop_source(module),
+            target,
+        )
     }
 }
 
