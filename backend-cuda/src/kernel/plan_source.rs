@@ -362,16 +362,15 @@ extern "C" void rc_test_plan_step(const struct rc_plan* p, rc_u64 loop, rc_u32 s
 }
 extern "C" rc_u64 rc_test_plan_loops(const struct rc_plan* p) { return rc_loops(p); }
 extern "C" rc_u32 rc_test_plan_steps_per_loop(const struct rc_plan* p) { return rc_steps_per_loop(p); }
-/* Every slice of the walk; writes the first `cap`, returns how many. */
+/* The walk's first `cap` slices into `out`; returns how many there are,
+   or cap + 1 when there are more. */
 extern "C" rc_u64 rc_test_plan_walk(const struct rc_plan* p, rc_u64 recv_next, rc_u64 send_next, struct rc_exec* out, rc_u64 cap) {
     struct rc_cursor c;
     struct rc_exec e;
     rc_u64 n = 0ull;
     rc_cursor_init(&c, p, recv_next, send_next);
-    while (rc_cursor_next(&c, &e)) {
-        if (n < cap) out[n] = e;
-        n += 1ull;
-    }
+    while (n < cap && rc_cursor_next(&c, &e)) out[n++] = e;
+    if (n == cap && rc_cursor_next(&c, &e)) n += 1ull;
     return n;
 }
 #define RC_ABI(s, f) (rc_u64)__builtin_offsetof(struct s, f)
