@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The one prepared GPU check of ringcc-cuda (under 5 minutes):
+# The one prepared GPU check of ringcc-cuda (under 10 minutes):
 #   1. build (cargo, if this machine has it and can build offline), or take
 #      the binaries scripts/gpu-build.sh prepared in target/gpu-bin/;
 #   2. the GPU tests: every collective x type x op on 2, 4 and 8 ranks
-#      sharing GPU 0 (and across GPUs where there are several);
+#      sharing GPU 0 (and across GPUs where there are several), with the
+#      device loop and with one launch per slice, and both modes' outputs
+#      compared byte for byte;
 #   3. the fused kernels' bandwidth next to a device-to-device copy of the
 #      same bytes (same run), and next to torch adding two tensors in place
-#      (if torch is importable), as ratios; AllReduce busbw on 1 GPU.
+#      (if torch is importable), as ratios; AllReduce busbw on 1 GPU;
+#   4. AllReduce with the device loop (one launch per rank and call) next
+#      to one launch per slice: time and busbw side by side, same run.
 # Writes gpu-check-summary.txt (and the logs) to $OUT, or target/gpu-check/.
 # Exit status: 0 when the tests pass (bandwidth is reported, not gated).
 set -uo pipefail
@@ -59,13 +63,13 @@ fi
 
 # 2. GPU tests.
 start=$(date +%s)
-timeout 240 "$tests_bin" --ignored --test-threads=1 2>&1 | tee "$out/gpu-tests.log"
+timeout 300 "$tests_bin" --ignored --test-threads=1 2>&1 | tee "$out/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 say "gpu tests: exit $tests_rc in $(( $(date +%s) - start )) s: $(grep -E '^test result' "$out/gpu-tests.log" | tail -n 1)"
 grep -E '^test .* \.\.\. (ok|FAILED)' "$out/gpu-tests.log" >>"$summary"
 
 # 3. Bandwidth.
-RINGCC_BW_OUT=$out/fused_bw.jsonl timeout 120 "$bench_bin" 2>&1 | tee "$out/fused_bw.log"
+RINGCC_BW_OUT=$out/fused_bw.jsonl timeout 180 "$bench_bin" 2>&1 | tee "$out/fused_bw.log"
 bench_rc=${PIPESTATUS[0]}
 timeout 90 python3 "$root/scripts/torch_add_bw.py" "$bytes" 2>&1 | tee "$out/torch.log"
 say ""
@@ -80,7 +84,7 @@ cat "$out/fused_bw.log" "$out/torch.log" | awk -v big="$bytes" '
         copy = bw["memcpy_dtod_" big]
         printf "  %-44s %10s %10s %10s\n", "kernel", "GB/s", "x copy", "x torch"
         for (i = 1; i <= n; i++) { k = order[i]
-            if (k ~ /^torch_/ || k ~ /^allreduce/) continue
+            if (k ~ /^torch_/ || k ~ /^allreduce/ || k ~ /^launch_/) continue
             t = ""
             if (k ~ /^recvReduceSend_float_/ && k ~ big"$") t = bw["torch_add_float_" big]
             if (k ~ /^recvReduceSend_bfloat16_/ && k ~ big"$") t = bw["torch_add_bfloat16_" big]
@@ -93,6 +97,28 @@ cat "$out/fused_bw.log" "$out/torch.log" | awk -v big="$bytes" '
         if (torch_missing != "") print "  torch: " torch_missing
         printf "  target >= 0.9x copy at %s B: %d of %d fused kernels\n", big, ok, total
     }' | tee -a "$summary"
+
+# 4. Launch modes side by side (from the bench's launch_* lines).
+say ""
+say "launch modes, AllReduce f32, ranks sharing GPU 0 (loop: one launch per rank and call; slice: a launch and events per slice):"
+awk '
+    /^RESULT name=launch_/ { name = ""; t = ""; bus = ""; m = ""
+        for (i = 2; i <= NF; i++) { split($i, kv, "=")
+            if (kv[1] == "name") name = kv[2]; if (kv[1] == "time_us") t = kv[2]
+            if (kv[1] == "busbw") bus = kv[2]; if (kv[1] == "mode") m = kv[2] }
+        key = name; sub(/^launch_/, "", key); sub(/_(persistent|slice)$/, "", key)
+        asked = (name ~ /_persistent$/) ? "persistent" : "slice"
+        if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+        tm[key, asked] = t; bw[key, asked] = bus; ran[key, asked] = m }
+    END {
+        printf "  %-32s %10s %10s %10s %10s %8s\n", "case (ranks, channels, bytes)", "loop us", "busbw", "slice us", "busbw", "speedup"
+        for (i = 1; i <= n; i++) { k = order[i]
+            lt = tm[k, "persistent"]; st = tm[k, "slice"]
+            sp = (lt + 0 > 0 && st != "") ? sprintf("%.2fx", st / lt) : "-"
+            note = (ran[k, "persistent"] != "" && ran[k, "persistent"] != "persistent") ? "  (loop unavailable: ran " ran[k, "persistent"] ")" : ""
+            printf "  %-32s %10s %10s %10s %10s %8s%s\n", k, lt, bw[k, "persistent"], st, bw[k, "slice"], sp, note }
+        if (n == 0) print "  (no launch_ results: the bench stopped before them)"
+    }' "$out/fused_bw.log" | tee -a "$summary"
 say ""
 say "summary: $summary"
 exit "$tests_rc"

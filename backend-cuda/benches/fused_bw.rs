@@ -1,6 +1,8 @@
 //! Bandwidth of the fused kernels on GPU 0, next to a device-to-device
 //! copy of the same bytes measured in the same run, as ratios; then
-//! AllReduce on 2, 4 and 8 ranks sharing the GPU (nccl-tests' busbw).
+//! AllReduce on 2, 4 and 8 ranks sharing the GPU (nccl-tests' busbw);
+//! then AllReduce with the device loop (one launch per rank and call) and
+//! with one launch per slice, side by side (`launch_*` lines, `mode=`).
 //!
 //! `cargo bench -p ringcc-cuda --bench fused_bw`. Prints `SKIPPED` and
 //! exits 0 without a GPU. Each result is one line starting `RESULT` (and
@@ -15,7 +17,7 @@ use ringcc_core::{DataType, Primitive, ReduceOp};
 use ringcc_cuda::fused::FusedModule;
 use ringcc_cuda::kernel::ModuleKey;
 use ringcc_cuda::perf::{run, PerfCase};
-use ringcc_cuda::{driver, Call, Comm, Config, Error};
+use ringcc_cuda::{driver, Call, Comm, Config, Error, LaunchMode};
 
 const WARMUP: usize = 3;
 const ITERS: usize = 20;
@@ -185,8 +187,8 @@ fn collectives(out: &mut Out) -> Result<(), Error> {
         };
         let r = run(&mut comm, &case)?;
         println!(
-            "RESULT name=allreduce_f32_{n}ranks_1gpu bytes={} time_us={:.1} algbw={:.1} busbw={:.1} wrong={}",
-            r.bytes, r.time_us, r.algbw, r.busbw, r.wrong
+            "RESULT name=allreduce_f32_{n}ranks_1gpu bytes={} time_us={:.1} algbw={:.1} busbw={:.1} wrong={} mode={}",
+            r.bytes, r.time_us, r.algbw, r.busbw, r.wrong, comm.launch_mode()
         );
         out.json(&format!(
             "{{\"name\":\"allreduce_f32_{n}ranks_1gpu\",\"bytes\":{},\"time_us\":{:.2},\"algbw\":{:.2},\"busbw\":{:.2},\"wrong\":{}}}",
@@ -196,6 +198,47 @@ fn collectives(out: &mut Out) -> Result<(), Error> {
             return Err(Error::BadConfig {
                 what: "allreduce produced wrong results",
             });
+        }
+    }
+    Ok(())
+}
+
+/// AllReduce f32 on ranks sharing GPU 0, the device loop next to one
+/// launch per slice: same sizes, channels and geometry, one run.
+fn launch_modes(out: &mut Out) -> Result<(), Error> {
+    for n in [2usize, 4] {
+        for channels in [2u8, 16] {
+            for bytes in [1u64 << 20, 64 << 20] {
+                for mode in [LaunchMode::Persistent, LaunchMode::Slice] {
+                    let config = Config {
+                        channels,
+                        launch: mode,
+                        ..Config::default()
+                    };
+                    let mut comm = Comm::init_all(&vec![0; n], config)?;
+                    let case = PerfCase {
+                        call: Call::all_reduce(bytes / 4, DataType::F32, ReduceOp::Sum),
+                        in_place: false,
+                        warmup: 3,
+                        iters: 10,
+                    };
+                    let r = run(&mut comm, &case)?;
+                    let name = format!("launch_allreduce_f32_{n}r_{channels}ch_{bytes}_{mode}");
+                    println!(
+                        "RESULT name={name} bytes={} time_us={:.1} algbw={:.1} busbw={:.1} wrong={} mode={}",
+                        r.bytes, r.time_us, r.algbw, r.busbw, r.wrong, comm.launch_mode()
+                    );
+                    out.json(&format!(
+                        "{{\"name\":\"{name}\",\"bytes\":{},\"time_us\":{:.2},\"algbw\":{:.2},\"busbw\":{:.2},\"wrong\":{},\"mode\":\"{}\"}}",
+                        r.bytes, r.time_us, r.algbw, r.busbw, r.wrong, comm.launch_mode()
+                    ));
+                    if r.wrong != 0 {
+                        return Err(Error::BadConfig {
+                            what: "allreduce produced wrong results",
+                        });
+                    }
+                }
+            }
         }
     }
     Ok(())
@@ -222,7 +265,10 @@ fn main() {
         .unwrap_or(256u64 << 20);
     let mut out =
         Out(std::env::var_os("RINGCC_BW_OUT").and_then(|p| std::fs::File::create(p).ok()));
-    if let Err(e) = kernels(&mut out, bytes).and_then(|()| collectives(&mut out)) {
+    if let Err(e) = kernels(&mut out, bytes)
+        .and_then(|()| collectives(&mut out))
+        .and_then(|()| launch_modes(&mut out))
+    {
         eprintln!("fused_bw failed: {e}");
         std::process::exit(1);
     }

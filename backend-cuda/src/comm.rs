@@ -259,8 +259,9 @@ impl Comm {
     /// far, polling with the configured deadline; reports device errors
     /// and, on the device loop, the failure a block recorded (a timeout
     /// with what it waited for, a mismatched call). When the deadline
-    /// passes on the device loop, it raises the abort word and waits (at
-    /// most as long again) for the kernels to stop before it returns.
+    /// passes on the device loop, it raises the abort word and waits (as
+    /// long again, at least a second) for the kernels to stop before it
+    /// returns.
     pub fn synchronize(&self) -> Result<()> {
         let timeout = self.state.config().timeout;
         let mut deadline = Instant::now() + timeout;
@@ -287,11 +288,13 @@ impl Comm {
                 let now = Instant::now();
                 if now > deadline {
                     match self.device.loops() {
-                        // Stop the loops, give them as long again to see it.
+                        // Stop the loops; give them as long again (at
+                        // least a second) to see it: the FIFOs must not be
+                        // freed under a running kernel.
                         Some(l) if !aborted => {
                             l.abort();
                             aborted = true;
-                            deadline = now + timeout;
+                            deadline = now + timeout.max(std::time::Duration::from_secs(1));
                         }
                         _ => {
                             return Err(Error::Timeout {

@@ -1,13 +1,16 @@
 //! GPU tests: every collective, type and op on 2, 4 and 8 ranks sharing
 //! GPU 0 (and across GPUs where there are several), checked against the
-//! core's reference (`ringcc_core::verify`, through `perf::verify`). Run with `cargo test -p ringcc-cuda --test gpu --
-//! --ignored` where `nvidia-smi` finds a GPU (`scripts/gpu-tests.sh`).
+//! core's reference (`ringcc_core::verify`, through `perf::verify`), in
+//! both launch modes — the device loop and one launch per slice — whose
+//! outputs must also be equal byte for byte. Run with `cargo test -p
+//! ringcc-cuda --test gpu -- --ignored` where `nvidia-smi` finds a GPU
+//! (`scripts/gpu-tests.sh`).
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use ringcc_core::{Collective, DataType, Rank, ReduceOp};
 use ringcc_cuda::perf::{verify, verify_corrupted, PerfCase};
-use ringcc_cuda::{driver, Call, Comm, Config, Error};
+use ringcc_cuda::{driver, Call, Comm, Config, Error, LaunchMode};
 
 fn case(
     collective: Collective,
@@ -39,6 +42,10 @@ fn collectives(n: u32) -> Vec<Collective> {
 fn sweep(ordinals: &[usize], config: Config) {
     let n = ordinals.len() as u32;
     let mut comm = Comm::init_all(ordinals, config).unwrap();
+    // The device loop runs wherever it was asked for on one GPU.
+    if ordinals.iter().all(|&o| o == ordinals[0]) {
+        assert_eq!(comm.launch_mode(), config.launch, "{ordinals:?}");
+    }
     let mut runs = 0;
     for c in collectives(n) {
         for dtype in DataType::ALL {
@@ -77,12 +84,145 @@ fn sweep(ordinals: &[usize], config: Config) {
     assert_eq!(runs, 3 * 50 + 2 * 10);
 }
 
+fn with_launch(config: Config, launch: LaunchMode) -> Config {
+    Config { launch, ..config }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_collectives_types_ops_2_4_8_ranks_on_one_gpu() {
-    for n in [2usize, 4, 8] {
-        sweep(&vec![0; n], Config::small(2048, 2).unwrap());
+    for launch in [LaunchMode::Persistent, LaunchMode::Slice] {
+        for n in [2usize, 4, 8] {
+            sweep(
+                &vec![0; n],
+                with_launch(Config::small(2048, 2).unwrap(), launch),
+            );
+        }
     }
+}
+
+/// Every rank's output of one call, read back, on a fresh communicator
+/// in `launch` mode.
+fn outputs(n: usize, config: Config, call: Call) -> Vec<Vec<u8>> {
+    let mut comm = Comm::init_all(&vec![0; n], config).unwrap();
+    assert_eq!(comm.launch_mode(), config.launch);
+    let plan = call
+        .plan(n as u32, u32::from(config.channels), config.chunk_bytes)
+        .unwrap();
+    let e = usize::from(call.dtype.size());
+    let mut send = Vec::new();
+    let mut recv = Vec::new();
+    for r in 0..n {
+        let s = comm.stream(Rank(r as u32)).unwrap().clone();
+        let mut input = vec![0u8; plan.input_len() as usize * e];
+        ringcc_core::verify::fill_input(&plan, call.op, r as u32, 77, &mut input).unwrap();
+        send.push(s.clone_htod(&input).unwrap());
+        recv.push(s.alloc_zeros::<u8>(plan.output_len() as usize * e).unwrap());
+    }
+    {
+        let mut g = comm.group();
+        for (r, (s, d)) in send.iter().zip(recv.iter_mut()).enumerate() {
+            g.raw(Rank(r as u32), call, s, d).unwrap();
+        }
+        g.launch().unwrap();
+    }
+    comm.synchronize().unwrap();
+    let out = (0..n)
+        .map(|r| {
+            comm.stream(Rank(r as u32))
+                .unwrap()
+                .clone_dtoh(&recv[r])
+                .unwrap()
+        })
+        .collect();
+    comm.close().unwrap();
+    out
+}
+
+/// The device loop and one launch per slice run the same schedule with
+/// the same kernels: their outputs are equal byte for byte (floats too:
+/// the reduction order is the plan's in both).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn both_launch_modes_give_the_same_bytes() {
+    for n in [2usize, 3, 4] {
+        for (c, dtype, op) in [
+            (Collective::AllReduce, DataType::F32, ReduceOp::Sum),
+            (Collective::AllReduce, DataType::Bf16, ReduceOp::Avg),
+            (Collective::ReduceScatter, DataType::F16, ReduceOp::Sum),
+            (Collective::AllGather, DataType::I8, ReduceOp::Sum),
+            (
+                Collective::Broadcast { root: Rank(1) },
+                DataType::F64,
+                ReduceOp::Sum,
+            ),
+            (
+                Collective::Reduce { root: Rank(0) },
+                DataType::F32,
+                ReduceOp::Prod,
+            ),
+        ] {
+            let call = Call::new(c, 100_003, dtype, op);
+            for config in [Config::small(4096, 3).unwrap(), Config::default()] {
+                let a = outputs(n, with_launch(config, LaunchMode::Persistent), call);
+                let b = outputs(n, with_launch(config, LaunchMode::Slice), call);
+                for r in 0..n {
+                    if matches!(c, Collective::Reduce { root } if root.0 != r as u32) {
+                        continue;
+                    }
+                    assert!(
+                        a[r] == b[r],
+                        "{c} {dtype} {op} rank {r} of {n}: modes differ"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Many small calls in a row on the device loop (counters carried from
+/// call to call on the device), then a short synchronize deadline on a
+/// large call: the host aborts the loops, reports a timeout, and the
+/// communicator is refused afterwards — no hang, no fault.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_loop_many_calls_then_abort() {
+    let config = with_launch(Config::small(1024, 4).unwrap(), LaunchMode::Persistent);
+    let mut comm = Comm::init_all(&[0; 4], config).unwrap();
+    assert_eq!(comm.launch_mode(), LaunchMode::Persistent);
+    for i in 0..200u64 {
+        let wrong = verify(
+            &mut comm,
+            &case(
+                Collective::AllReduce,
+                DataType::F32,
+                ReduceOp::Sum,
+                1 + i * 37,
+                false,
+            ),
+        )
+        .unwrap();
+        assert_eq!(wrong, 0, "call {i}");
+    }
+    let config = Config {
+        timeout: std::time::Duration::from_micros(1),
+        ..with_launch(Config::default(), LaunchMode::Persistent)
+    };
+    let mut comm = Comm::init_all(&[0; 2], config).unwrap();
+    match verify(
+        &mut comm,
+        &case(
+            Collective::AllReduce,
+            DataType::F32,
+            ReduceOp::Sum,
+            16 << 20,
+            false,
+        ),
+    ) {
+        Err(Error::Timeout { .. }) => {}
+        other => eprintln!("a 1 us deadline on 64 MiB did not time out: {other:?}"),
+    }
+    drop(comm);
 }
 
 #[test]
