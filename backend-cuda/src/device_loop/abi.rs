@@ -7,7 +7,7 @@
 //! Every field is a `u64`, a `u32` or a pointer (8 bytes on every target
 //! CUDA supports), in an order that leaves no padding.
 
-use ringcc_core::{Call, CallDesc, Collective, DataType, Rank, ReduceOp};
+use ringcc_core::{CallDesc, Collective, DataType, Rank, ReduceOp};
 
 /// A block has not run yet on this channel.
 pub const STATUS_IDLE: u64 = 0;
@@ -239,14 +239,10 @@ pub fn unpack_desc(seq: u64, count: u64, desc: u64) -> Option<CallDesc> {
     Some(CallDesc::new(seq, collective, count, dtype, op))
 }
 
-/// The descriptor of `call` as call `seq` (the core's normalization).
-pub fn desc_of(call: &Call, seq: u64) -> CallDesc {
-    call.desc(seq)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringcc_core::Call;
 
     #[test]
     fn descriptors_round_trip() {
@@ -256,7 +252,7 @@ mod tests {
             Call::reduce(0, DataType::F64, ReduceOp::Min, Rank(3)),
             Call::all_gather(9, DataType::U64),
         ] {
-            let d = desc_of(&c, 12);
+            let d = c.desc(12);
             assert_eq!(unpack_desc(12, d.count, pack_desc(&d)), Some(d));
         }
         assert_eq!(unpack_desc(0, 0, 0xff), None);

@@ -2,8 +2,6 @@
 //! (`$CXX`) under the host emulation into one shared library, loaded once
 //! per test binary. Without a compiler the tests say they skipped.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 use std::process::Command;
 
