@@ -490,7 +490,7 @@ fn a_rank_that_never_starts_is_a_timeout_not_a_hang() {
     if kernels().is_none() {
         return;
     }
-    let timeout = Duration::from_millis(300);
+    let timeout = Duration::from_secs(1);
     let mut ring = HostRing::new(3, 2, 64, timeout);
     let job = Job::new(
         &mut ring,
@@ -498,7 +498,7 @@ fn a_rank_that_never_starts_is_a_timeout_not_a_hang() {
         false,
     );
     let took = run(&ring, std::slice::from_ref(&job), 2, Some(1), || {});
-    assert!(took < timeout * 10, "took {took:?}");
+    assert!(took >= timeout && took < timeout * 15, "took {took:?}");
     let mut timeouts = 0;
     for (r, c, s) in ring.statuses() {
         if r == Rank(1) {

@@ -11,10 +11,10 @@
 //!
 //! ## How a block walks the plan
 //!
-//! The kernel ([`kernel::loop_source`](crate::kernel::loop_source)) is
+//! The kernel ([`kernel::loop_source`](mod@crate::kernel::loop_source)) is
 //! generated per (type, op) like the fused kernels and reuses their slice
 //! bodies. Its schedule is the plan's step formula
-//! ([`kernel::plan_source`](crate::kernel::plan_source)): per loop the
+//! ([`kernel::plan_source`](mod@crate::kernel::plan_source)): per loop the
 //! channel range and the loop's chunk (the divisions), per step the chunk
 //! `(r − s − 1) mod n` (or `(r − s) mod n`), the primitive from the table
 //! and the offsets, in O(1); per step `max(1, ⌈bytes / slice⌉)` slices of
@@ -37,7 +37,7 @@
 //! sender's — each side polls its own memory and writes the other's (as
 //! NCCL places them). Ordering: acquire loads to wait, release stores to
 //! publish (the core FIFO's `StepCounter`), at system scope; see
-//! [`kernel::loop_source`](crate::kernel::loop_source).
+//! [`kernel::loop_source`](mod@crate::kernel::loop_source).
 //!
 //! ## The call check
 //!
@@ -51,7 +51,7 @@
 //! ## Bounded waits, failures
 //!
 //! Every wait checks, each 256 polls, the communicator's abort word (in
-//! host memory) and the clock: nothing for [`Config::timeout`] is a
+//! host memory) and the clock: nothing for [`Config::timeout`](crate::Config::timeout) is a
 //! timeout. A block that fails records what it waited for in its status
 //! (host memory) and raises the abort word, so every other block — of this
 //! call and of calls enqueued after it — stops at once. Failure is sticky:

@@ -1,6 +1,6 @@
 //! CUDA C++ of the device loop: one persistent kernel per rank, one block
 //! per channel, that walks the whole plan on the device (the formula of
-//! [`plan_source`](super::plan_source)), waits on the FIFO's `tail` and
+//! [`plan_source`](mod@super::plan_source)), waits on the FIFO's `tail` and
 //! `head` counters in memory, and carries out every slice with the fused
 //! kernels' bodies. See [`crate::device_loop`] for the design; this file
 //! only writes the source.

@@ -7,9 +7,9 @@
 //! kernels of one (type, op) form one NVRTC module, compiled once per
 //! architecture and loaded once per device.
 //!
-//! The device loop ([`loop_source`]) is a second module per (type, op): one
+//! The device loop ([`loop_source()`]) is a second module per (type, op): one
 //! persistent kernel that walks the whole plan on the device with the same
-//! slice bodies and the plan's step formula ([`plan_source`]).
+//! slice bodies and the plan's step formula ([`plan_source()`]).
 
 mod geometry;
 pub mod loop_source;

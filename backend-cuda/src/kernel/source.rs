@@ -130,7 +130,7 @@ fn elem_expr(p: Primitive, op: ReduceOp) -> String {
 
 /// The name of the device function that carries out one slice of `p`
 /// (`rc_body_<primitive>`): the fused kernels and the device loop
-/// ([`super::loop_source`]) both call it. `None` for a primitive no plan
+/// ([`super::loop_source()`]) both call it. `None` for a primitive no plan
 /// emits.
 pub fn body_symbol(p: Primitive) -> Option<String> {
     super::primitive_index(p)?;
