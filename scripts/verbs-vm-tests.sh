@@ -4,11 +4,13 @@
 # device (scripts/rxe-vm.sh) and runs in it
 #   1. the multi-process tests (backend-verbs/tests/vm.rs, --ignored):
 #      2, 3, 4 and 8 ranks, every collective, faults, two "nodes" with
-#      shared memory inside and verbs between, and the `ringcc perf
-#      --backend verbs` command itself;
+#      shared memory inside and verbs between, and the `ringcc perf`
+#      command itself (`--backend verbs` under a launcher and with --np,
+#      `--backend host` on two RINGCC_NODEs: shm inside, verbs between);
 #   2. the benchmark: ib_write_bw (unidirectional, and -b bidirectional) and
 #      a 2-rank ringcc AllReduce (1 and 2 channels), 16 MiB, same device,
-#      in interleaved rounds.
+#      in interleaved rounds; `ringcc perf --backend verbs` on verbs' FIFO
+#      and on the communicator's default one.
 # Prints the ratios and writes them to target/verbs-bench.txt; the VM's
 # console log and every run's output are kept in target/verbs-vm/.
 #
@@ -143,13 +145,14 @@ if [ "$RUN_BENCH" = 1 ]; then
     [ -n "$v" ] || tail -n 3 "$OUT/$name-0.txt"
     echo "${v:--}" >> "$OUT/$name.MBps.txt"
   }
-  perf() { # perf NAME CHANNELS [COLLECTIVE [SLOT-BYTES]]: 2-rank `ringcc perf COLLECTIVE --backend verbs`
-    local name=$1 port=$(( 20000 + RANDOM % 10000 )) coll=${3:-allreduce} slot=${4:-} v r
+  perf() { # perf NAME CHANNELS [COLLECTIVE [VAR=VALUE...]]: 2-rank `ringcc perf COLLECTIVE --backend verbs`
+    local name=$1 ch=$2 port=$(( 20000 + RANDOM % 10000 )) coll=${3:-allreduce} v r
+    shift 2; [ $# -gt 0 ] && shift
     rm -f "$OUT/$name.json"
     for r in 0 1; do
-      env ${slot:+RINGCC_SLOT_BYTES=$slot} \
+      env "$@" \
         RINGCC_RANK=$r RINGCC_WORLD_SIZE=2 RINGCC_ADDR=127.0.0.1:$port RINGCC_TOKEN=bench \
-        RINGCC_NCHANNELS=$2 timeout 600 "$PERF_BIN" perf "$coll" --backend verbs \
+        RINGCC_NCHANNELS=$ch timeout 600 "$PERF_BIN" perf "$coll" --backend verbs \
         -b "$BYTES" -e "$BYTES" -n "$ITERS" -w 1 -J "$OUT/$name.json" > "$OUT/$name-$r.txt" 2>&1 &
     done
     wait
@@ -177,10 +180,12 @@ if [ "$RUN_BENCH" = 1 ]; then
     # One direction only (root 0 to rank 1): the transport's share of
     # ib_write_bw without the reduction or the reverse direction.
     [ -n "$PERF_BIN" ] && perf bcast-c2 2 broadcast
-    # The same AllReduce with 4x the FIFO (2 MiB slots, 4 MiB slices): a
-    # quarter of the messages, completions and credits per byte. What it
-    # gains is the per-message cost of this emulated device.
-    [ -n "$PERF_BIN" ] && perf perf-c2-big 2 allreduce 2097152
+    # The same AllReduce on the communicator's default FIFO (128 KiB
+    # slots, one per slice, 512 KiB chunks: sized for shared memory)
+    # instead of verbs' (ringcc_verbs::GEOMETRY): eight times the
+    # messages, completions and credits per byte. What verbs' FIFO gains
+    # is this emulated device's per-message cost.
+    [ -n "$PERF_BIN" ] && perf perf-c2-comm 2 allreduce RINGCC_SLOT_BYTES=131072 RINGCC_CHUNK_BYTES=524288
   done
 fi
 exit $trc
@@ -202,7 +207,7 @@ ratios() { # per-round A/(B/DIV) of two files of per-round numbers ("-": a faile
 }
 if [ "$RUN_BENCH" = 1 ]; then
   O=$RXE_VM_OUT
-  for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big base-c1 base-c2; do touch "$O/$f.MBps.txt"; done
+  for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-comm base-c1 base-c2; do touch "$O/$f.MBps.txt"; done
   uni=$(median < "$O/ibw-uni.MBps.txt")
   bi=$(median < "$O/ibw-bi.MBps.txt")
   c1=$(median < "$O/ringcc-c1.MBps.txt")
@@ -215,8 +220,9 @@ if [ "$RUN_BENCH" = 1 ]; then
   u1=$(median < "$O/ibw-uni-1m.MBps.txt")
   r1m=$(ratios "$O/ibw-uni-1m.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   rp1m=$(ratios "$O/perf-c2.MBps.txt" "$O/ibw-uni-1m.MBps.txt" | median)
-  pg=$(median < "$O/perf-c2-big.MBps.txt")
-  rg=$(ratios "$O/perf-c2-big.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
+  pg=$(median < "$O/perf-c2-comm.MBps.txt")
+  rg=$(ratios "$O/perf-c2-comm.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
+  rv=$(ratios "$O/perf-c2.MBps.txt" "$O/perf-c2-comm.MBps.txt" | median)
   r1=$(ratios "$O/ringcc-c1.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   r2=$(ratios "$O/ringcc-c2.MBps.txt" "$O/ibw-uni.MBps.txt" | median)
   # An AllReduce rank sends and receives at once: its busbw (bytes sent
@@ -239,9 +245,10 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "#   (verbs_rank bench), and \`ringcc perf allreduce --backend verbs\` with 2 channels"
     echo "#   (its avg_busbw: out-of-place and in-place columns), and \`ringcc perf broadcast\`"
     echo "#   (one direction, no reduction: the transport alone), and the perf AllReduce"
-    echo "#   with a 4x FIFO (RINGCC_SLOT_BYTES=2M: a quarter of the messages per byte)"
+    echo "#   on the communicator's default FIFO (128 KiB slots, 512 KiB chunks) instead of"
+    echo "#   verbs' (512 KiB slots, 2 per slice, 2 MiB chunks)"
     echo "#   ib_write_bw with 1 MiB messages (ringcc's default slice), same bytes"
-    for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-big; do
+    for f in ibw-uni ibw-bi ibw-uni-1m ringcc-c1 ringcc-c2 perf-c2 bcast-c2 perf-c2-comm; do
       echo "# $f runs: $(tr '\n' ' ' < "$O/$f.MBps.txt")"
     done
     echo "ib_write_bw_MBps=${uni:-?}"
@@ -260,8 +267,9 @@ if [ "$RUN_BENCH" = 1 ]; then
     echo "ib_write_bw_1MiB_messages_MBps=${u1:-?}"
     echo "ratio_ib_write_bw_1MiB_vs_16MiB_messages=${r1m:-?}"
     echo "ratio_perf_2ch_vs_ib_write_bw_1MiB_messages=${rp1m:-?}"
-    echo "ringcc_perf_allreduce_busbw_2ch_fifo16m_MBps=${pg:-?}"
-    echo "ratio_perf_2ch_fifo16m_vs_ib_write_bw=${rg:-?}"
+    echo "ringcc_perf_allreduce_busbw_2ch_comm_fifo_MBps=${pg:-?}"
+    echo "ratio_perf_2ch_comm_fifo_vs_ib_write_bw=${rg:-?}"
+    echo "ratio_perf_2ch_verbs_fifo_vs_comm_fifo=${rv:-?}"
     if [ -n "$BASE_BIN" ]; then
       echo "# base: $BASE_BIN; base-c1 runs: $(tr '\n' ' ' < "$O/base-c1.MBps.txt"); base-c2 runs: $(tr '\n' ' ' < "$O/base-c2.MBps.txt")"
       echo "ratio_1ch_vs_base=${a1:-?}"

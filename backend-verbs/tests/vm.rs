@@ -813,14 +813,41 @@ fn cli_perf_host_two_nodes_shm_inside_verbs_between() {
     );
 }
 
+/// `ringcc perf ARGS…` with the command's own `--np` ranks (no launcher
+/// variables) and `env`: its exit status, stdout and stderr, within 300 s.
+fn run_np(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut child = Command::new(cli_bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RINGCC_TIMEOUT_MS", "60000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ringcc");
+    let t0 = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("ringcc perf --backend verbs --np 3 ran past 300 s");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().expect("output");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 /// `ringcc perf --backend verbs --np 3`: the command starts its own three
 /// ranks on this host, and every hop goes over verbs (through the
-/// device's loopback); every size checks clean.
+/// device's loopback), on verbs' FIFO; every size checks clean.
 #[test]
 #[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
 fn cli_perf_verbs_np_runs_every_hop_over_verbs() {
-    let mut child = Command::new(cli_bin())
-        .args([
+    let (code, out, err) = run_np(
+        &[
             "perf",
             "reducescatter",
             "--backend",
@@ -837,30 +864,60 @@ fn cli_perf_verbs_np_runs_every_hop_over_verbs() {
             "2",
             "-w",
             "1",
-        ])
-        .env("RINGCC_TIMEOUT_MS", "60000")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start ringcc");
-    let t0 = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if t0.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            panic!("ringcc perf --backend verbs --np 3 ran past 300 s");
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    let o = child.wait_with_output().expect("output");
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
+        ],
+        &[],
     );
-    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert_eq!(code, Some(0), "{out}\n{err}");
     assert_rows_clean(&out, 5);
     assert!(
         out.contains("# Backend: verbs — 3 rank(s) on 1 node(s)"),
         "{out}"
     );
     assert!(out.contains("rank 0's hops: out verbs, in verbs"), "{out}");
+    let g = ringcc_verbs::GEOMETRY;
+    assert!(
+        out.contains(&format!("{} B FIFO slots", g.slot_bytes())),
+        "{out}"
+    );
+}
+
+/// `ringcc perf --backend host --np 2` on a host with an RDMA device: the
+/// ranks `--np` starts share this host, so every hop is shared memory
+/// and the job keeps the communicator's FIFO (sized for it); with shared
+/// memory turned off, the hops go over verbs, on verbs' FIFO.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn cli_perf_host_np_takes_verbs_fifo_only_for_verbs_hops() {
+    let args = [
+        "perf",
+        "allreduce",
+        "--backend",
+        "host",
+        "--np",
+        "2",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ];
+    let comm_slot = ringcc_comm::Options::default().geometry.slot_bytes();
+    let (code, out, err) = run_np(&args, &[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_rows_clean(&out, 1);
+    assert!(out.contains("rank 0's hops: out shm, in shm"), "{out}");
+    assert!(out.contains(&format!("{comm_slot} B FIFO slots")), "{out}");
+
+    let (code, out, err) = run_np(&args, &[("RINGCC_SHM_DISABLE", "1")]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_rows_clean(&out, 1);
+    assert!(out.contains("rank 0's hops: out verbs, in verbs"), "{out}");
+    let g = ringcc_verbs::GEOMETRY;
+    assert!(
+        out.contains(&format!("{} B FIFO slots", g.slot_bytes())),
+        "{out}"
+    );
 }

@@ -4,16 +4,22 @@
 //!
 //! | fabric | transports, in order of preference | FIFO |
 //! |---|---|---|
-//! | host | shared memory, verbs (feature `verbs`), TCP | verbs' where verbs can run here, else the communicator's |
+//! | host | shared memory, verbs (feature `verbs`), TCP | verbs' where a hop may go over verbs, else the communicator's |
 //! | verbs | verbs alone: every hop, a node's own through the NIC's loopback | verbs' |
 //!
 //! The communicator picks each hop's transport (the first both ends
 //! offer that reaches between them; `RINGCC_SHM_DISABLE`,
 //! `RINGCC_IB_DISABLE`, `RINGCC_NET` take transports out). Verbs offers
 //! itself only where an RDMA device opens. The FIFO is one setting for
-//! every hop of a job, and every rank must run the same: a rank whose
-//! host can run verbs takes verbs' ([`ringcc_verbs::options_from_env`]),
-//! so a job mixing hosts with and without RDMA devices must set
+//! every hop of a job, and every rank must run the same, decided before
+//! the ranks know each other: verbs' ([`ringcc_verbs::options_from_env`];
+//! the communicator's 128 KiB slots cost verbs half its bandwidth on
+//! Soft-RoCE) where a hop may go over verbs — this host can run verbs,
+//! and either a launcher started the rank (the job may span nodes) or
+//! shared memory is turned off — else the communicator's (verbs' 4 MiB
+//! FIFO costs shared memory ~20 % at 16–64 MiB). Ranks that `--np`
+//! started share this host, so they keep shared memory's FIFO. A job
+//! mixing hosts with and without RDMA devices must set
 //! `RINGCC_SLOT_BYTES` (the communicator says which ranks differ).
 
 use std::net::IpAddr;
@@ -68,10 +74,16 @@ impl Fabric {
     }
 
     /// The communicator's settings from the environment, with verbs'
-    /// FIFO where verbs can run on this host.
-    pub fn options(self) -> Result<Options, CliError> {
+    /// FIFO where a hop may go over verbs. `one_node`: every rank of the
+    /// job runs on this host (`--np` started them), so a hop goes over
+    /// verbs only where shared memory is turned off.
+    pub fn options(self, one_node: bool) -> Result<Options, CliError> {
         let options = Options::from_env().map_err(|e| self.bad_setting(e))?;
-        if self == Fabric::Verbs || verbs::usable(&options) {
+        let verbs_hops = match self {
+            Fabric::Verbs => true,
+            Fabric::Host => verbs::usable(&options) && !(one_node && options.allows("shm")),
+        };
+        if verbs_hops {
             return verbs::options().map_err(|e| self.bad_setting(e));
         }
         Ok(options)

@@ -59,10 +59,12 @@ impl HostBackend {
     /// transports and settings ([`Fabric::options`]) and `--channels` /
     /// `--chunk-bytes` over them.
     pub fn new(t: &TopoArgs, fabric: Fabric) -> Result<HostBackend, CliError> {
-        if let Ok(pid) = std::env::var(PARENT_VAR) {
+        let started_by_np = std::env::var(PARENT_VAR).ok();
+        let one_node = started_by_np.is_some();
+        if let Some(pid) = started_by_np {
             watch_parent(pid);
         }
-        let mut options = fabric.options()?;
+        let mut options = fabric.options(one_node)?;
         fabric.check(&options)?;
         let Some(_) = launched_by() else {
             return Err(CliError::usage(format!(

@@ -32,7 +32,7 @@ pub fn perf(a: &PerfArgs) -> Result<i32, CliError> {
             BackendArg::Mock | BackendArg::Cuda => return Err(CliError::usage(NP_ONLY)),
         };
         // What every rank would refuse, refused once, before any starts.
-        fabric.check(&fabric.options()?)?;
+        fabric.check(&fabric.options(true)?)?;
         return np::launch(a, n);
     }
     let mut b = open(a)?;
