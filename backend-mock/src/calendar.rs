@@ -55,16 +55,19 @@ const FAR: u64 = 16;
 ///   so that a push is an append and a bucket a short sort whatever the
 ///   event density.
 ///
-/// The bucket being drained (`current`) is sorted descending (the next
-/// event last); an event for it is inserted in order.
+/// The bucket being drained (`current`) is sorted ascending and read
+/// from a cursor (`next_entry`), so that loading it needs no reversal; an
+/// event for it is inserted in order among the entries not yet read.
 #[derive(Debug)]
 pub(crate) struct Calendar {
     /// log2 of the bucket width in picoseconds.
     shift: u32,
     /// Absolute bucket number being drained.
     cur: u64,
-    /// Its events, sorted descending (the next one last).
-    pub current: Vec<Entry>,
+    /// Its events, sorted ascending; those before `next_entry` are popped.
+    current: Vec<Entry>,
+    /// The next entry of `current` to pop.
+    next_entry: usize,
     /// Per ring slot: first block of its chain (`NIL`: empty).
     head: Vec<u32>,
     /// Per ring slot: last block of its chain and its fill.
@@ -113,6 +116,7 @@ impl Calendar {
             shift,
             cur: 0,
             current: Vec::new(),
+            next_entry: 0,
             head: vec![NIL; RING],
             tail: vec![(NIL, 0); RING],
             blocks: Vec::new(),
@@ -164,7 +168,8 @@ impl Calendar {
     /// every entry of the same time, which were pushed before.
     #[inline(never)]
     fn push_current(&mut self, time: Ps, ev: Packed) {
-        let i = self.current.partition_point(|x| x.time > time);
+        let first = self.next_entry;
+        let i = first + self.current[first..].partition_point(|x| x.time <= time);
         self.current.insert(i, Entry { time, ev });
         self.tally.events += 1;
     }
@@ -260,25 +265,43 @@ impl Calendar {
         Some(self.cur + 1 + dist as u64)
     }
 
+    /// The next entry of the bucket being drained, if any is left.
+    #[inline(always)]
+    fn pop_current(&mut self) -> Option<Entry> {
+        let e = *self.current.get(self.next_entry)?;
+        self.next_entry += 1;
+        Some(e)
+    }
+
+    /// The entry `k` places after the next one to pop (`0`: that one), if
+    /// it is in the bucket being drained (a hint for prefetching).
+    #[inline]
+    pub fn peek_current(&self, k: usize) -> Option<&Entry> {
+        // Wrapping: past the end either way, and no saturation to pay for.
+        self.current.get(self.next_entry.wrapping_add(k))
+    }
+
     #[inline]
     pub fn pop(&mut self) -> Option<Entry> {
-        if let Some(e) = self.current.pop() {
+        if let Some(e) = self.pop_current() {
             return Some(e);
         }
         // Between buckets: the width is checked here, not on every pop.
         if self.adapt && (self.tally.loads >= CHECK_LOADS || self.tally.events >= CHECK_EVENTS) {
             self.check_width();
-            if let Some(e) = self.current.pop() {
+            if let Some(e) = self.pop_current() {
                 return Some(e);
             }
         }
         self.load_next()?;
-        self.current.pop()
+        self.pop_current()
     }
 
-    /// Makes the next non-empty bucket current (`current` is empty);
+    /// Makes the next non-empty bucket current (`current` is used up);
     /// `None` when there is none.
     fn load_next(&mut self) -> Option<()> {
+        self.current.clear();
+        self.next_entry = 0;
         let ring = self.next_in_ring();
         let far = self.far.peek().map(|e| self.bucket(e.0 .0));
         let next = match (ring, far) {
@@ -308,7 +331,7 @@ impl Calendar {
         self.take_slot(s, &mut cur);
         self.tally.loads += 1;
         self.tally.events += cur.len() as u64;
-        self.tally.distinct += sort_descending(&mut cur);
+        self.tally.distinct += sort_by_time(&mut cur);
         self.current = cur;
         Some(())
     }
@@ -343,32 +366,30 @@ impl Calendar {
 
     /// `pop` without width checks (for re-filing).
     fn pop_no_check(&mut self) -> Option<Entry> {
-        if let Some(e) = self.current.pop() {
+        if let Some(e) = self.pop_current() {
             return Some(e);
         }
         self.load_next()?;
-        self.current.pop()
+        self.pop_current()
     }
 }
 
-/// Sorts a bucket (in push order) descending by time, later pushes first
-/// among equal times, so that popping from the end gives (time, push)
-/// order; returns the number of distinct times.
-fn sort_descending(v: &mut [Entry]) -> u64 {
-    v.reverse();
+/// Sorts a bucket (in push order) stably by time, which gives (time,
+/// push) order; returns the number of distinct times.
+fn sort_by_time(v: &mut [Entry]) -> u64 {
     if v.len() <= 24 {
         // Stable insertion sort: buckets hold a handful of events.
         for i in 1..v.len() {
             let e = v[i];
             let mut j = i;
-            while j > 0 && v[j - 1].time < e.time {
+            while j > 0 && v[j - 1].time > e.time {
                 v[j] = v[j - 1];
                 j -= 1;
             }
             v[j] = e;
         }
     } else {
-        v.sort_by_key(|e| Reverse(e.time));
+        v.sort_by_key(|e| e.time);
     }
     let mut distinct = 0u64;
     let mut last = None;

@@ -291,9 +291,7 @@ impl Events {
     /// prefetching.
     #[inline]
     pub fn peek_ahead(&self, k: usize) -> Option<Ev> {
-        let c = &self.heap.current;
-        let i = c.len().checked_sub(k.saturating_add(1))?;
-        c.get(i).map(|e| e.ev.unpack())
+        self.heap.peek_current(k).map(|e| e.ev.unpack())
     }
 
     /// Events processed so far.
