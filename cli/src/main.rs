@@ -20,7 +20,7 @@ use crate::error::CliError;
 
 /// The backends' log lines (a rendezvous that rejects a stranger, a rank
 /// that fails or learns of another's abort, `RUST_LOG=ringcc_verbs=debug`'s
-/// per-call timings) go to stderr, filtered by `RUST_LOG`; warnings and
+/// devices, connections and call headers) go to stderr, filtered by `RUST_LOG`; warnings and
 /// errors when it is unset or unreadable. stdout stays the perf table.
 fn init_log() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
