@@ -472,11 +472,28 @@ impl Sim {
         );
     }
 
-    /// A credit for lane `l` (a sender) that arrives at `at`.
+    /// A credit for lane `l` (a sender) that arrives at `at`. Always
+    /// inlined: nearly every credit only joins the lane's hot queue (a
+    /// call would cost as much again in saved registers); a spill or a
+    /// wake-up is [`push_credit_rare`](Sim::push_credit_rare).
+    #[inline(always)]
     pub(crate) fn push_credit(&mut self, l: u32, at: Ps, head: u64) {
+        let lane = &mut self.lanes[l];
+        let kept = lane.credits.push(at, head);
+        if !kept || (lane.credit_blocked && !lane.wake) {
+            self.push_credit_rare(l, at, head, kept);
+        }
+    }
+
+    /// The rest of [`push_credit`](Sim::push_credit): a credit the hot
+    /// queue did not keep waits in the cold one, and a lane that waits
+    /// for credit gets a wake-up at the first arrival.
+    #[cold]
+    #[inline(never)]
+    fn push_credit_rare(&mut self, l: u32, at: Ps, head: u64, kept: bool) {
         let lanes = &mut self.lanes;
         let lane = &mut lanes.hot[l as usize];
-        if !lane.credits.push(at, head) {
+        if !kept {
             lanes.cold[l as usize].credits.push_back((at, head));
         }
         if lane.credit_blocked && !lane.wake {
