@@ -595,6 +595,9 @@ impl Sim {
     }
 
     /// Feeds lane `l` the predecessor's call header (if any) and `tail`.
+    /// Always inlined into the run loop's `Tail` dispatch (a call per
+    /// event, saving and restoring six registers, otherwise).
+    #[inline(always)]
     pub(crate) fn deliver_tail(&mut self, l: u32, header: Option<(u64, CallDesc)>, tail: u64) {
         let now = self.events.now();
         let (lane, engine) = self.lanes.with_engine(l);
