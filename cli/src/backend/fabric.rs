@@ -12,7 +12,7 @@
 //! `RINGCC_IB_DISABLE`, `RINGCC_NET` take transports out). Verbs offers
 //! itself only where an RDMA device opens. The FIFO is one setting for
 //! every hop of a job, and every rank must run the same, decided before
-//! the ranks know each other: verbs' ([`ringcc_verbs::options_from_env`];
+//! the ranks know each other: verbs' (`ringcc_verbs::options_from_env`;
 //! the communicator's 128 KiB slots cost verbs half its bandwidth on
 //! Soft-RoCE) where a hop may go over verbs — this host can run verbs,
 //! and either a launcher started the rank (the job may span nodes) or
