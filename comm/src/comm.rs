@@ -116,6 +116,12 @@ pub struct Communicator {
     threads: Vec<JoinHandle<()>>,
     /// Rank 0's store, when this communicator serves it (dropped last).
     server: Option<TcpStoreServer>,
+    /// Whether the store is the built-in one (served by rank 0's
+    /// `server`, or by the parent of a split): then only the serving
+    /// rank waits at close for the others to count out. A store handed
+    /// in (torch's, say) lives in some process this rank cannot name, so
+    /// every rank waits, and none leaves while another may still use it.
+    builtin_store: bool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -206,6 +212,7 @@ impl Communicator {
             stop,
             threads,
             server: None,
+            builtin_store: false,
         })
     }
 
@@ -244,6 +251,7 @@ impl Communicator {
             transports,
         )?;
         c.server = server;
+        c.builtin_store = true;
         Ok(c)
     }
 
@@ -481,7 +489,10 @@ impl Communicator {
             self.options.clone(),
             Arc::clone(&self.transports),
         )
-        .map(Some)
+        .map(|mut c| {
+            c.builtin_store = self.builtin_store;
+            Some(c)
+        })
     }
 
     /// Aborts the job: every rank's current and later calls fail with
@@ -531,8 +542,11 @@ impl Communicator {
         }
         // Count this rank out; the rank serving the store waits (bounded)
         // until every rank has, so no watcher sees the store vanish while
-        // its rank still runs.
-        if self.shared.store.add(CLOSED_KEY, 1).is_ok() && self.server.is_some() {
+        // its rank still runs. With a store handed in, the serving process
+        // is unknown: every rank waits, so none exits (taking a store it
+        // serves with it) while another still counts out.
+        let wait = self.server.is_some() || !self.builtin_store;
+        if self.shared.store.add(CLOSED_KEY, 1).is_ok() && wait && !self.shared.abort.is_set() {
             let deadline = Instant::now() + self.options.timeout;
             while Instant::now() < deadline && !self.shared.abort.is_set() {
                 match self.shared.store.add(CLOSED_KEY, 0) {
