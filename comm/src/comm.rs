@@ -118,9 +118,9 @@ pub struct Communicator {
     server: Option<TcpStoreServer>,
     /// Whether the store is the built-in one (served by rank 0's
     /// `server`, or by the parent of a split): then only the serving
-    /// rank waits at close for the others to count out. A store handed
-    /// in (torch's, say) lives in some process this rank cannot name, so
-    /// every rank waits, and none leaves while another may still use it.
+    /// rank waits at close for the others to count out. With a store
+    /// handed in (torch's, say), rank 0 waits: frameworks serve the
+    /// store there.
     builtin_store: bool,
 }
 
@@ -542,10 +542,13 @@ impl Communicator {
         }
         // Count this rank out; the rank serving the store waits (bounded)
         // until every rank has, so no watcher sees the store vanish while
-        // its rank still runs. With a store handed in, the serving process
-        // is unknown: every rank waits, so none exits (taking a store it
-        // serves with it) while another still counts out.
-        let wait = self.server.is_some() || !self.builtin_store;
+        // its rank still runs. A store handed in is served where the
+        // framework put it — torch's `env://` and `tcp://` on rank 0 —
+        // so there rank 0 waits: every other rank's count is its last
+        // use of the store, and rank 0 leaves (taking a store it serves
+        // with it) only after all of them. (Had every rank waited, the
+        // others' last polls would race rank 0's exit.)
+        let wait = self.server.is_some() || (!self.builtin_store && self.rank() == Rank(0));
         if self.shared.store.add(CLOSED_KEY, 1).is_ok() && wait && !self.shared.abort.is_set() {
             let deadline = Instant::now() + self.options.timeout;
             while Instant::now() < deadline && !self.shared.abort.is_set() {
