@@ -155,6 +155,14 @@ pub enum Error {
         /// The failure that poisoned it.
         cause: String,
     },
+    /// The per-rank communicator (`ringcc-comm`) a CUDA rank per process
+    /// runs on failed: bootstrap, a transport, a call.
+    Comm {
+        /// What this crate asked it to do.
+        call: &'static str,
+        /// Its error.
+        source: ringcc_comm::Error,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -241,6 +249,7 @@ impl std::fmt::Display for Error {
                 f,
                 "an earlier collective failed on this communicator ({cause}); create a new one"
             ),
+            Error::Comm { call, source } => write!(f, "{call}: {source}"),
         }
     }
 }
@@ -251,6 +260,7 @@ impl std::error::Error for Error {
             Error::NvrtcSymbol { source, .. } => Some(source),
             Error::Driver { source, .. } => Some(source),
             Error::Core { source, .. } => Some(source),
+            Error::Comm { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -269,6 +279,11 @@ impl Error {
             call,
             source,
         }
+    }
+
+    /// Wraps a communicator error with the call that produced it.
+    pub(crate) fn comm(call: &'static str) -> impl FnOnce(ringcc_comm::Error) -> Error {
+        move |source| Error::Comm { call, source }
     }
 
     /// The core's error underneath, if this is one ([`Error::Core`]).

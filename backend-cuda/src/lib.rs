@@ -61,11 +61,13 @@ pub mod dtype;
 pub mod error;
 pub mod fused;
 pub mod host;
+pub mod ipc;
 pub mod kernel;
 pub mod layout;
 pub mod nvrtc;
 pub mod perf;
 pub mod progress;
+pub mod rank;
 pub mod state;
 
 mod comm;
@@ -77,6 +79,7 @@ pub use dtype::CollType;
 pub use error::{Error, Result};
 pub use group::Group;
 pub use host::{HostCall, HostComm};
+pub use rank::{RankComm, RankDevice};
 pub use state::{Call, CallBuffers};
 
 pub use ringcc_core::{Collective, DataType, Rank, ReduceOp};

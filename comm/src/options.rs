@@ -68,8 +68,8 @@ impl Default for Options {
     }
 }
 
-/// Transports that reach only inside a node.
-const LOCAL: [&str; 1] = ["shm"];
+/// Transports that reach only inside a node (shared memory, CUDA IPC).
+const LOCAL: [&str; 2] = ["shm", "cuda-ipc"];
 
 impl Options {
     /// The defaults with the environment's overrides.
@@ -201,6 +201,8 @@ mod tests {
         assert!(!o.allows("shm"));
         assert!(o.allows("tcp"));
         assert!(!o.allows("verbs"));
+        // RINGCC_NET picks the network; it never turns off CUDA IPC.
+        assert!(o.allows("cuda-ipc"));
         assert!(o.debug_info);
     }
 
