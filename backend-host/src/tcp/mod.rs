@@ -126,6 +126,48 @@ impl TcpTransport {
     }
 }
 
+/// What both ends start from: the stream with its options set and its
+/// watcher running, and the FIFO's sizes in bytes.
+struct Opened {
+    stream: Arc<TcpStream>,
+    watch: watch::Watch,
+    slot_bytes: usize,
+    /// `slot_bytes` × the FIFO's slots: the receiver's slots, the
+    /// sender's staging.
+    fifo_bytes: usize,
+}
+
+/// Opens one end (`side`: `recv` or `send`, the watcher thread's name)
+/// of the hop to or from `peer` over `stream`.
+fn open_end(
+    stream: TcpStream,
+    peer: &Peer,
+    geometry: FifoGeometry,
+    bell: Arc<dyn ringcc_comm::transport::Bell>,
+    side: &str,
+) -> Result<Opened> {
+    let beyond = || Error::BadConfig(format!("{NAME}: slots beyond memory"));
+    let slot_bytes = usize::try_from(geometry.slot_bytes()).map_err(|_| beyond())?;
+    let fifo_bytes = slot_bytes
+        .checked_mul(ringcc_core::fifo::STEPS as usize)
+        .ok_or_else(beyond)?;
+    let setup = |call| move |e| transport_error(call, e);
+    tune(&stream).map_err(setup("setsockopt"))?;
+    let stream = Arc::new(stream);
+    let watch = watch::Watch::start(
+        Arc::clone(&stream),
+        bell,
+        format!("ringcc-tcp-{side}-r{}-c{}", peer.rank, peer.channel),
+    )
+    .map_err(setup("start the watcher"))?;
+    Ok(Opened {
+        stream,
+        watch,
+        slot_bytes,
+        fifo_bytes,
+    })
+}
+
 /// A connected stream's options: no Nagle (a slice's last frame must
 /// not wait for an acknowledgement). The socket buffers are left to the
 /// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no

@@ -24,7 +24,7 @@ use ringcc_core::SlotIndex;
 
 use super::frame::{FrameRepr, FRAME_LEN};
 use super::inbound::Inbound;
-use super::io::{recv_now, send, send_now, transport_error, Peer, ReadFail, GOODBYE_TIMEOUT};
+use super::io::{recv_now, send, send_now, Peer, ReadFail, GOODBYE_TIMEOUT};
 use super::watch::Watch;
 use super::NAME;
 
@@ -84,18 +84,12 @@ impl TcpRecvEnd {
         fill: u8,
         bell: Arc<dyn Bell>,
     ) -> Result<TcpRecvEnd> {
-        let beyond = || Error::BadConfig(format!("{NAME}: slots beyond memory"));
-        let slot_bytes = usize::try_from(geometry.slot_bytes()).map_err(|_| beyond())?;
-        let len = slot_bytes.checked_mul(STEPS as usize).ok_or_else(beyond)?;
-        let setup = |call| move |e| transport_error(call, e);
-        super::tune(&stream).map_err(setup("setsockopt"))?;
-        let stream = Arc::new(stream);
-        let watch = Watch::start(
-            Arc::clone(&stream),
-            bell,
-            format!("ringcc-tcp-recv-r{}-c{}", peer.rank, peer.channel),
-        )
-        .map_err(setup("start the watcher"))?;
+        let super::Opened {
+            stream,
+            watch,
+            slot_bytes,
+            fifo_bytes: len,
+        } = super::open_end(stream, &peer, geometry, bell, "recv")?;
         Ok(TcpRecvEnd {
             stream,
             watch,

@@ -25,7 +25,7 @@ use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::SlotIndex;
 
 use super::frame::{FrameRepr, Kind, FRAME_LEN};
-use super::io::{recv_now, send, send_now, transport_error, Peer, ReadFail, GOODBYE_TIMEOUT};
+use super::io::{recv_now, send, send_now, Peer, ReadFail, GOODBYE_TIMEOUT};
 use super::watch::Watch;
 use super::NAME;
 
@@ -99,18 +99,12 @@ impl TcpSendEnd {
         timeout: Duration,
         bell: Arc<dyn Bell>,
     ) -> Result<TcpSendEnd> {
-        let beyond = || Error::BadConfig(format!("{NAME}: slots beyond memory"));
-        let slot_bytes = usize::try_from(geometry.slot_bytes()).map_err(|_| beyond())?;
-        let staging_len = slot_bytes.checked_mul(STEPS as usize).ok_or_else(beyond)?;
-        let setup = |call| move |e| transport_error(call, e);
-        super::tune(&stream).map_err(setup("setsockopt"))?;
-        let stream = Arc::new(stream);
-        let watch = Watch::start(
-            Arc::clone(&stream),
-            bell,
-            format!("ringcc-tcp-send-r{}-c{}", peer.rank, peer.channel),
-        )
-        .map_err(setup("start the watcher"))?;
+        let super::Opened {
+            stream,
+            watch,
+            slot_bytes,
+            fifo_bytes: staging_len,
+        } = super::open_end(stream, &peer, geometry, bell, "send")?;
         Ok(TcpSendEnd {
             stream,
             watch,
