@@ -66,6 +66,7 @@
 
 pub mod abi;
 pub(crate) mod gpu;
+pub mod peers;
 
 use std::time::Duration;
 

@@ -23,7 +23,20 @@ pub fn compiler() -> Option<String> {
 /// two at a time, and links them into `lib<name>.so` in a fresh directory;
 /// loads it. Panics with the compiler's message when a source does not
 /// compile (the generated code is wrong). `None` without a compiler.
+#[allow(dead_code, reason = "not every test binary loads in process")]
 pub fn build(name: &str, sources: &[(String, String)]) -> Option<libloading::Library> {
+    let (dir, lib) = build_to(name, sources)?;
+    // SAFETY: the library was just built from our generated sources; its
+    // initializers do nothing.
+    let loaded = unsafe { libloading::Library::new(&lib) }.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(loaded)
+}
+
+/// As [`build`], but leaves the library in its directory (for other
+/// processes to load): `(directory, library)`; the caller removes the
+/// directory.
+pub fn build_to(name: &str, sources: &[(String, String)]) -> Option<(PathBuf, PathBuf)> {
     let Some(cxx) = compiler() else {
         eprintln!("SKIPPED: no C++ compiler (set CXX) for the host emulation");
         return None;
@@ -69,9 +82,5 @@ pub fn build(name: &str, sources: &[(String, String)]) -> Option<libloading::Lib
         .status()
         .unwrap();
     assert!(st.success(), "linking {name}");
-    // SAFETY: the library was just built from our generated sources; its
-    // initializers do nothing.
-    let loaded = unsafe { libloading::Library::new(&lib) }.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    Some(loaded)
+    Some((dir, lib))
 }

@@ -1,0 +1,251 @@
+//! The device loop with one rank per process: each rank's loop memory is
+//! exported to its two ring neighbours, which write into it.
+//!
+//! Per channel a rank's memory holds the four 128-byte lines the loop
+//! uses (the `tail` its predecessor posts, the predecessor's call words,
+//! the `head` its successor posts, its own `recv_next`/`send_next`) — laid
+//! out as the CUDA device loop lays them for the ranks of one process — and
+//! its FIFO. A rank's channel table ([`RcChan`]) then points into three
+//! memories: its own, its predecessor's (where it posts `head`) and its
+//! successor's (where it writes slices, `tail` and call words).
+//!
+//! [`LoopPeers::connect`] does the exchange: export this rank's memory,
+//! publish the handle in the job's store under `cuda-ipc-loop/<rank>`,
+//! import both neighbours' and build the table. On the host fake device
+//! the memories are memfds and the table holds host addresses, which is
+//! what the host-C++ build of the loop kernel runs on; on a GPU the same
+//! table holds the device addresses CUDA IPC maps.
+
+use std::time::{Duration, Instant};
+
+use ringcc_comm::store::abort::parse_notice;
+use ringcc_comm::store::{Store, ABORT_KEY};
+use ringcc_core::fifo::{FifoGeometry, STEPS};
+use ringcc_core::Rank;
+
+use super::abi::RcChan;
+use crate::error::{Error, Result};
+use crate::ipc::memory::{ExportedMemory, ImportedMemory, IpcHandle};
+
+/// Bytes of one 128-byte line.
+const LINE: u64 = 128;
+/// Per channel: tail, call words, head, state (as `gpu`'s word offsets).
+const TAIL: u64 = 0;
+const CALL: u64 = LINE;
+const HEAD: u64 = 2 * LINE;
+const STATE: u64 = 3 * LINE;
+const CHANNEL_BYTES: u64 = 4 * LINE;
+
+/// How long one look for a store key may block before the abort notice
+/// is looked at.
+const ABORT_POLL: Duration = Duration::from_millis(100);
+
+/// Where a rank's loop memory keeps each channel's lines and FIFO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionLayout {
+    channels: u8,
+    slot_bytes: u64,
+    fifo_stride: u64,
+}
+
+impl RegionLayout {
+    /// The layout for `channels` channels of FIFOs of `geometry`.
+    pub fn new(channels: u8, geometry: FifoGeometry) -> Result<RegionLayout> {
+        if channels == 0 || u32::from(channels) > ringcc_core::topology::MAX_CHANNELS {
+            return Err(Error::BadConfig {
+                what: "channels must be in 1..=64",
+            });
+        }
+        let fifo_stride = geometry
+            .slot_bytes()
+            .checked_mul(STEPS)
+            .and_then(|b| b.checked_next_multiple_of(LINE))
+            .ok_or(Error::BadConfig {
+                what: "a FIFO beyond memory",
+            })?;
+        Ok(RegionLayout {
+            channels,
+            slot_bytes: geometry.slot_bytes(),
+            fifo_stride,
+        })
+    }
+
+    fn flags(&self, c: u8) -> u64 {
+        u64::from(c) * CHANNEL_BYTES
+    }
+
+    fn fifo(&self, c: u8) -> u64 {
+        u64::from(self.channels) * CHANNEL_BYTES + u64::from(c) * self.fifo_stride
+    }
+
+    /// Bytes of a rank's memory.
+    pub fn total(&self) -> u64 {
+        self.fifo(self.channels)
+    }
+
+    /// The channel table of a rank whose memory starts at `own`, its
+    /// predecessor's at `prev` and its successor's at `next` (addresses as
+    /// the loop sees them).
+    pub fn table(&self, own: u64, prev: u64, next: u64) -> Vec<RcChan> {
+        (0..self.channels)
+            .map(|c| {
+                let f = self.flags(c);
+                RcChan {
+                    recv_tail: own + f + TAIL,
+                    recv_head: prev + f + HEAD,
+                    send_head: own + f + HEAD,
+                    send_tail: next + f + TAIL,
+                    recv_call: own + f + CALL,
+                    send_call: next + f + CALL,
+                    state: own + f + STATE,
+                    recv_fifo: own + self.fifo(c),
+                    send_fifo: next + self.fifo(c),
+                    slot_bytes: self.slot_bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// The byte offset of channel `c`'s `recv_next`/`send_next` words.
+    pub fn state(&self, c: u8) -> u64 {
+        self.flags(c) + STATE
+    }
+}
+
+/// This rank's exported loop memory and its neighbours', mapped (fake
+/// device). See the module documentation.
+#[derive(Debug)]
+pub struct LoopPeers {
+    layout: RegionLayout,
+    own: ExportedMemory,
+    prev: Option<ImportedMemory>,
+    next: Option<ImportedMemory>,
+    table: Vec<RcChan>,
+}
+
+fn key(rank: Rank) -> String {
+    format!("cuda-ipc-loop/{}", rank.0)
+}
+
+/// `key`'s value, waiting until `deadline` (or the job's abort notice).
+fn wait_key(store: &dyn Store, key: &str, deadline: Instant, what: &str) -> Result<Vec<u8>> {
+    let comm = Error::comm;
+    let t0 = Instant::now();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match store.get(key, left.min(ABORT_POLL)) {
+            Ok(v) => return Ok(v),
+            Err(ringcc_comm::Error::Timeout { .. }) if left <= ABORT_POLL => {
+                return Err(Error::Timeout {
+                    waiting_for: format!("{what} (store key {key:?})"),
+                    after: t0.elapsed(),
+                })
+            }
+            Err(ringcc_comm::Error::Timeout { .. }) => {}
+            Err(e) => return Err(comm("Store::get")(e)),
+        }
+        if store.check(ABORT_KEY).map_err(comm("Store::check"))? {
+            let notice = store
+                .get(ABORT_KEY, ABORT_POLL)
+                .map_err(comm("Store::get"))?;
+            return Err(comm("the job's abort notice")(parse_notice(&notice)));
+        }
+    }
+}
+
+impl LoopPeers {
+    /// Exports `rank`'s loop memory (zeroed fake device memory) for
+    /// `channels` channels of `geometry`, publishes its handle in `store`,
+    /// and imports both ring neighbours' (rank order), waiting until
+    /// `deadline` for them.
+    pub fn connect(
+        store: &dyn Store,
+        rank: Rank,
+        world: u32,
+        channels: u8,
+        geometry: FifoGeometry,
+        deadline: Instant,
+    ) -> Result<LoopPeers> {
+        if world == 0 || rank.0 >= world {
+            return Err(Error::RankOutOfRange { rank, ranks: world });
+        }
+        let layout = RegionLayout::new(channels, geometry)?;
+        let own = ExportedMemory::fake(layout.total(), "ringcc-cuda-loop")
+            .map_err(Error::comm("export the loop memory"))?;
+        let handle = serde_json::to_vec(&own.handle()).map_err(|_| Error::BadConfig {
+            what: "an IPC handle that does not serialize",
+        })?;
+        store
+            .set(&key(rank), &handle)
+            .map_err(Error::comm("Store::set"))?;
+        let import = |peer: Rank| -> Result<Option<ImportedMemory>> {
+            if peer == rank {
+                return Ok(None);
+            }
+            let what = format!("rank {}'s exported loop memory", peer.0);
+            let bytes = wait_key(store, &key(peer), deadline, &what)?;
+            let h: IpcHandle = serde_json::from_slice(&bytes).map_err(|_| Error::BadConfig {
+                what: "a store key that holds no IPC handle",
+            })?;
+            ImportedMemory::open(&h, layout.total())
+                .map(Some)
+                .map_err(Error::comm("import a neighbour's loop memory"))
+        };
+        let prev = import(Rank((rank.0 + world - 1) % world))?;
+        let next = import(Rank((rank.0 + 1) % world))?;
+        let base = |m: &Option<ImportedMemory>| {
+            m.as_ref()
+                .map_or(own.mapping().base(), |m| m.mapping().base())
+                .as_ptr() as u64
+        };
+        let own_base = own.mapping().base().as_ptr() as u64;
+        let table = layout.table(own_base, base(&prev), base(&next));
+        Ok(LoopPeers {
+            layout,
+            own,
+            prev,
+            next,
+            table,
+        })
+    }
+
+    /// The channel table (host addresses of the three memories).
+    pub fn table(&self) -> &[RcChan] {
+        &self.table
+    }
+
+    /// The layout of every rank's memory.
+    pub fn layout(&self) -> RegionLayout {
+        self.layout
+    }
+
+    /// `(recv_next, send_next)` of channel `c` in this rank's memory
+    /// (`own`) or its successor's: what the loop keeps between calls.
+    pub fn state(&self, c: u8, of_successor: bool) -> (u64, u64) {
+        if c >= self.layout.channels {
+            return (0, 0);
+        }
+        let m = match (&self.next, of_successor) {
+            (Some(n), true) => n.mapping(),
+            _ => self.own.mapping(),
+        };
+        let off = self.layout.state(c) as usize;
+        // SAFETY: `off` and `off + 8` are 8-aligned word offsets inside
+        // the mapping (`total` bytes, checked at import); the loop writes
+        // them with atomics, so they are read as atomics.
+        let word = |i: usize| unsafe {
+            (*m.base()
+                .as_ptr()
+                .add(off + 8 * i)
+                .cast::<std::sync::atomic::AtomicU64>())
+            .load(std::sync::atomic::Ordering::Acquire)
+        };
+        (word(0), word(1))
+    }
+
+    /// Whether the predecessor's memory is imported (a ring of more than
+    /// one rank).
+    pub fn has_neighbours(&self) -> bool {
+        self.prev.is_some()
+    }
+}
