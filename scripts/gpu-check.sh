@@ -10,7 +10,14 @@
 #      same bytes (same run), and next to torch adding two tensors in place
 #      (if torch is importable), as ratios; AllReduce busbw on 1 GPU;
 #   4. AllReduce with the device loop (one launch per rank and call) next
-#      to one launch per slice: time and busbw side by side, same run.
+#      to one launch per slice: time and busbw side by side, same run;
+#   5. one rank per process (GpuRank: the device loop, CUDA IPC between the
+#      processes), 2 and 4 processes sharing GPU 0: every collective x type
+#      x op checked against the core's reference (the 4-process run is part
+#      of step 2, the 2-process one runs here), and AllReduce f32 busbw of 2
+#      processes at 64 MiB, 256 MiB and 1 GiB next to the device copy of
+#      step 3. Without MPS the two processes' kernels time-slice the GPU;
+#      the numbers say what that costs.
 # Writes gpu-check-summary.txt (and the logs) to $OUT, or target/gpu-check/.
 # Exit status: 0 when the tests pass (bandwidth is reported, not gated).
 set -uo pipefail
@@ -63,7 +70,8 @@ fi
 
 # 2. GPU tests.
 start=$(date +%s)
-timeout 300 "$tests_bin" --ignored --test-threads=1 2>&1 | tee "$out/gpu-tests.log"
+ipc2=processes::two_processes_share_gpu0_over_ipc_with_busbw
+timeout 300 "$tests_bin" --ignored --test-threads=1 --skip "$ipc2" 2>&1 | tee "$out/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 say "gpu tests: exit $tests_rc in $(( $(date +%s) - start )) s: $(grep -E '^test result' "$out/gpu-tests.log" | tail -n 1)"
 grep -E '^test .* \.\.\. (ok|FAILED)' "$out/gpu-tests.log" >>"$summary"
@@ -119,6 +127,29 @@ awk '
             printf "  %-32s %10s %10s %10s %10s %8s%s\n", k, lt, bw[k, "persistent"], st, bw[k, "slice"], sp, note }
         if (n == 0) print "  (no launch_ results: the bench stopped before them)"
     }' "$out/fused_bw.log" | tee -a "$summary"
+
+# 5. Two processes sharing GPU 0 over CUDA IPC (the four-process run was
+# part of step 2): the check, then AllReduce busbw against the device copy.
+say ""
+start=$(date +%s)
+timeout 240 "$tests_bin" --ignored --exact "$ipc2" --nocapture 2>&1 | tee "$out/gpu-ipc.log"
+ipc_rc=${PIPESTATUS[0]}
+say "one rank per process, CUDA IPC, 2 processes on GPU 0: exit $ipc_rc in $(( $(date +%s) - start )) s: $(grep -E '^test result' "$out/gpu-ipc.log" | tail -n 1)"
+grep -E '^test processes::.* \.\.\. (ok|FAILED)' "$out/gpu-ipc.log" >>"$summary"
+cat "$out/fused_bw.log" "$out/gpu-ipc.log" | awk -v big="$bytes" '
+    /^RESULT name=/ { name = ""; gbps = ""; bus = ""
+        for (i = 2; i <= NF; i++) { split($i, kv, "=")
+            if (kv[1] == "name") name = kv[2]; if (kv[1] == "gbps") gbps = kv[2]; if (kv[1] == "busbw") bus = kv[2] }
+        if (name == "memcpy_dtod_" big) copy = gbps
+        if (name ~ /^ipc_allreduce_/) { order[++n] = name; bw[name] = bus } }
+    END {
+        printf "  %-32s %12s %10s\n", "AllReduce f32, processes", "busbw GB/s", "x copy"
+        for (i = 1; i <= n; i++) { k = order[i]
+            printf "  %-32s %12s %10s\n", k, bw[k], (copy + 0 > 0 ? sprintf("%.3f", bw[k] / copy) : "-") }
+        if (n == 0) print "  (no ipc_allreduce results: the two-process run failed before them)"
+        if (copy != "") printf "  device copy (step 3, %s B): %s GB/s (bytes read + written)\n", big, copy
+    }' | tee -a "$summary"
+[ "$ipc_rc" -eq 0 ] || [ "$tests_rc" -ne 0 ] || tests_rc=$ipc_rc
 say ""
 say "summary: $summary"
 exit "$tests_rc"

@@ -75,6 +75,7 @@ mod group;
 
 pub use comm::Comm;
 pub use config::{Config, LaunchMode};
+pub use device_loop::rank::GpuRank;
 pub use dtype::CollType;
 pub use error::{Error, Result};
 pub use group::Group;

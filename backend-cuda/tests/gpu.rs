@@ -360,3 +360,224 @@ fn several_gpus_peer_and_staged() {
         );
     }
 }
+
+// ---------------------------------------------------------------------
+// One rank per process (GpuRank: the device loop, CUDA IPC between the
+// processes), all on GPU 0: the test binary re-executes itself once per
+// rank (`gpu_rank_child`, which does nothing when run directly); the
+// parent serves the job's TCP store.
+
+mod processes {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::process::{Command, Stdio};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
+    use ringcc_comm::store::{PrefixStore, Store};
+    use ringcc_core::verify;
+    use ringcc_core::{Call, Collective, DataType, Rank, ReduceOp};
+    use ringcc_cuda::{Config, GpuRank};
+
+    const ROLE: &str = "RINGCC_GPU_TEST_RANK";
+    const RANKS: &str = "RINGCC_GPU_TEST_RANKS";
+    const TOKEN: &str = "RINGCC_GPU_TEST_TOKEN";
+    const STORE: &str = "RINGCC_GPU_TEST_STORE";
+    const BW: &str = "RINGCC_GPU_TEST_BW";
+
+    /// Starts `ranks` processes on GPU 0 and waits (at most 4 minutes);
+    /// every one must print `RESULT ok`. Their `RESULT name=` lines (the
+    /// bandwidth) are printed for scripts/gpu-check.sh.
+    pub fn job(ranks: u32, bandwidth: bool) {
+        let t = format!("gpu-ranks-{}", std::process::id());
+        let server = TcpStoreServer::start(
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            &t,
+            ranks,
+        )
+        .expect("serve the store");
+        let addr = server.local_addr().to_string();
+        let exe = std::env::current_exe().unwrap();
+        let mut children: Vec<_> = (0..ranks)
+            .map(|r| {
+                Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "processes::gpu_rank_child",
+                        "--ignored",
+                        "--nocapture",
+                    ])
+                    .env(ROLE, r.to_string())
+                    .env(RANKS, ranks.to_string())
+                    .env(TOKEN, &t)
+                    .env(STORE, &addr)
+                    .env(BW, if bandwidth { "1" } else { "0" })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn a rank")
+            })
+            .collect();
+        let t0 = Instant::now();
+        while children
+            .iter_mut()
+            .any(|c| matches!(c.try_wait(), Ok(None)))
+            && t0.elapsed() < Duration::from_secs(240)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut failed = Vec::new();
+        for (r, c) in children.iter_mut().enumerate() {
+            let _ = c.kill();
+            let st = c.wait().unwrap();
+            let mut out = String::new();
+            if let Some(mut s) = c.stdout.take() {
+                let _ = std::io::Read::read_to_string(&mut s, &mut out);
+            }
+            if let Some(mut s) = c.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut s, &mut out);
+            }
+            for l in out.lines().filter(|l| l.starts_with("RESULT name=")) {
+                println!("{l}");
+            }
+            if st.code() != Some(0) || !out.contains("RESULT ok") {
+                failed.push(format!("rank {r} ({st}): {out}"));
+            }
+        }
+        drop(server);
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
+
+    fn collectives(n: u32) -> Vec<Collective> {
+        super::collectives(n)
+    }
+
+    /// Every collective × type × op (odd counts) on this rank, checked
+    /// against the core's reference.
+    fn sweep(store: &dyn Store, rank: u32, ranks: u32) -> Result<usize, String> {
+        let config = Config::small(1024, 2).map_err(|e| e.to_string())?;
+        let mut g =
+            GpuRank::init(0, Rank(rank), ranks, store, config).map_err(|e| e.to_string())?;
+        let s = g.stream().clone();
+        let mut runs = 0;
+        for c in collectives(ranks) {
+            for dtype in DataType::ALL {
+                let ops: &[ReduceOp] = if c.reduces() {
+                    &ReduceOp::ALL
+                } else {
+                    &[ReduceOp::Sum]
+                };
+                for &op in ops {
+                    let call = Call::new(c, 2053, dtype, op);
+                    let salt = runs as u64 + 1;
+                    let plan = call.plan(ranks, 1, 1 << 20).unwrap();
+                    let (ib, ob) = call.buffer_bytes(ranks);
+                    let mut input = vec![0u8; ib];
+                    verify::fill_input(&plan, op, rank, salt, &mut input).unwrap();
+                    let mut want = vec![0u8; ob];
+                    let exact = verify::fill_expected(&plan, op, rank, 0, salt, &mut want).unwrap();
+                    let send = s.clone_htod(&input).map_err(|e| e.to_string())?;
+                    let mut recv = s.alloc_zeros::<u8>(ob.max(1)).map_err(|e| e.to_string())?;
+                    g.raw(call, &send, &mut recv)
+                        .map_err(|e| format!("{call:?}: {e}"))?;
+                    g.synchronize().map_err(|e| format!("{call:?}: {e}"))?;
+                    let got = s.clone_dtoh(&recv).map_err(|e| e.to_string())?;
+                    if exact {
+                        let wrong = verify::count_diff(&want, &got[..ob], call.elem());
+                        if wrong != 0 {
+                            return Err(format!("{call:?}: {wrong} wrong"));
+                        }
+                    }
+                    runs += 1;
+                }
+            }
+        }
+        let (recv_next, send_next) = g.link_state(0).map_err(|e| e.to_string())?;
+        if recv_next == 0 || send_next == 0 {
+            return Err(format!(
+                "link state ({recv_next}, {send_next}) after {runs} calls"
+            ));
+        }
+        g.close(store).map_err(|e| e.to_string())?;
+        Ok(runs)
+    }
+
+    /// AllReduce f32 busbw at 64 MiB … 1 GiB with NCCL's geometry.
+    fn bandwidth(store: &dyn Store, rank: u32, ranks: u32) -> Result<(), String> {
+        let config = Config::default();
+        let mut g =
+            GpuRank::init(0, Rank(rank), ranks, store, config).map_err(|e| e.to_string())?;
+        let s = g.stream().clone();
+        for mib in [64usize, 256, 1024] {
+            let count = mib << 18;
+            let send = s.alloc_zeros::<f32>(count).map_err(|e| e.to_string())?;
+            let mut recv = s.alloc_zeros::<f32>(count).map_err(|e| e.to_string())?;
+            g.all_reduce(&send, &mut recv, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            g.synchronize().map_err(|e| e.to_string())?;
+            let iters = 5;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                g.all_reduce(&send, &mut recv, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+            }
+            g.synchronize().map_err(|e| e.to_string())?;
+            let secs = t0.elapsed().as_secs_f64() / f64::from(iters);
+            let bytes = (count * 4) as f64;
+            let busbw = bytes * 2.0 * f64::from(ranks - 1) / f64::from(ranks) / secs / 1e9;
+            if rank == 0 {
+                println!(
+                    "RESULT name=ipc_allreduce_{ranks}p_{mib}MiB time_us={:.1} busbw={busbw:.1}",
+                    secs * 1e6
+                );
+            }
+        }
+        g.close(store).map_err(|e| e.to_string())
+    }
+
+    /// A rank process of `job` (does nothing when run directly).
+    #[test]
+    #[ignore = "a rank process of the multi-process GPU tests"]
+    fn gpu_rank_child() {
+        let Ok(rank) = std::env::var(ROLE) else {
+            return;
+        };
+        let var = |k: &str| std::env::var(k).unwrap();
+        let (rank, ranks): (u32, u32) = (rank.parse().unwrap(), var(RANKS).parse().unwrap());
+        let store: Arc<dyn Store> = Arc::new(
+            TcpStore::connect(
+                &var(STORE),
+                &var(TOKEN),
+                Rank(rank),
+                ranks,
+                Duration::from_secs(60),
+            )
+            .unwrap(),
+        );
+        let r = sweep(&PrefixStore::new(store.clone(), "sweep/"), rank, ranks).and_then(|runs| {
+            if var(BW) == "1" {
+                bandwidth(&PrefixStore::new(store.clone(), "bw/"), rank, ranks)?;
+            }
+            Ok(runs)
+        });
+        match r {
+            Ok(runs) => println!("RESULT ok {runs} calls checked"),
+            Err(e) => {
+                println!("RESULT error {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn two_processes_share_gpu0_over_ipc_with_busbw() {
+        job(2, true);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn four_processes_share_gpu0_over_ipc() {
+        job(4, false);
+    }
+}

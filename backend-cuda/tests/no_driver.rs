@@ -2,7 +2,9 @@
 //! (cudarc would abort the process on its first driver call). With a
 //! driver, the same calls work or fail with a typed error.
 
-use ringcc_cuda::{driver, Comm, Config, Error};
+use ringcc_comm::store::MemStore;
+use ringcc_core::Rank;
+use ringcc_cuda::{driver, Comm, Config, Error, GpuRank};
 
 #[test]
 fn gpu_entry_points_report_a_missing_driver() {
@@ -13,12 +15,26 @@ fn gpu_entry_points_report_a_missing_driver() {
                 Err(Error::NoDriver)
             ));
             assert!(matches!(driver::context(0), Err(Error::NoDriver)));
+            // A GPU rank per process, too: before any store traffic.
+            let store = MemStore::new();
+            assert!(matches!(
+                GpuRank::init(0, Rank(0), 2, &store, Config::default()),
+                Err(Error::NoDriver)
+            ));
+            assert!(matches!(
+                GpuRank::init(0, Rank(2), 2, &store, Config::default()),
+                Err(Error::RankOutOfRange { .. })
+            ));
             eprintln!("no CUDA driver here: NoDriver returned as expected");
         }
         Ok(n) => {
             eprintln!("{n} CUDA device(s) here");
             assert!(matches!(
                 Comm::init_all(&[n], Config::default()),
+                Err(Error::NoDevice { .. })
+            ));
+            assert!(matches!(
+                GpuRank::init(n, Rank(0), 1, &MemStore::new(), Config::default()),
                 Err(Error::NoDevice { .. })
             ));
         }

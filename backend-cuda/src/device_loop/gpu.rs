@@ -79,7 +79,7 @@ pub fn loop_ptx(arch: u32, module: ModuleKey) -> Result<Arc<String>> {
 
 /// Pinned host memory mapped into every context, freed on drop.
 #[derive(Debug)]
-struct HostMapped {
+pub(crate) struct HostMapped {
     host: *mut u64,
     dev: sys::CUdeviceptr,
     words: usize,
@@ -91,7 +91,7 @@ struct HostMapped {
 unsafe impl Send for HostMapped {}
 
 impl HostMapped {
-    fn zeroed(ctx: &Arc<CudaContext>, words: usize) -> Result<HostMapped> {
+    pub(crate) fn zeroed(ctx: &Arc<CudaContext>, words: usize) -> Result<HostMapped> {
         ctx.bind_to_thread()
             .map_err(Error::driver("cuCtxSetCurrent"))?;
         let bytes = words.max(1).saturating_mul(8);
@@ -121,7 +121,7 @@ impl HostMapped {
     }
 
     /// The device address of word `i` (0 past the end: never used).
-    fn dev_word(&self, i: u64) -> u64 {
+    pub(crate) fn dev_word(&self, i: u64) -> u64 {
         if i < self.words as u64 {
             self.dev + i * 8
         } else {
@@ -129,7 +129,7 @@ impl HostMapped {
         }
     }
 
-    fn read(&self, i: usize) -> u64 {
+    pub(crate) fn read(&self, i: usize) -> u64 {
         if i >= self.words {
             return 0;
         }
@@ -139,7 +139,7 @@ impl HostMapped {
         unsafe { std::ptr::read_volatile(self.host.add(i)) }
     }
 
-    fn write(&self, i: usize, v: u64) {
+    pub(crate) fn write(&self, i: usize, v: u64) {
         if i >= self.words {
             return;
         }

@@ -128,7 +128,12 @@ fn key(rank: Rank) -> String {
 }
 
 /// `key`'s value, waiting until `deadline` (or the job's abort notice).
-fn wait_key(store: &dyn Store, key: &str, deadline: Instant, what: &str) -> Result<Vec<u8>> {
+pub(crate) fn wait_key(
+    store: &dyn Store,
+    key: &str,
+    deadline: Instant,
+    what: &str,
+) -> Result<Vec<u8>> {
     let comm = Error::comm;
     let t0 = Instant::now();
     loop {

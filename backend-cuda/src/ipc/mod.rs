@@ -30,6 +30,7 @@
 //! exists), and at the latest by the engine's deadline.
 
 pub mod conn;
+pub mod cuda;
 pub mod memory;
 
 use std::collections::HashMap;

@@ -1,0 +1,454 @@
+//! A GPU rank per process on the device loop (`ncclCommInitRank` on a
+//! GPU): this rank's loop memory in device memory, exported with legacy
+//! CUDA IPC; both ring neighbours' opened over the store
+//! ([`RegionLayout`]: the lines and FIFOs as the in-process loop lays
+//! them); one persistent kernel per call, launched on the rank's stream,
+//! so calls are stream-ordered and asynchronous as NCCL's.
+//!
+//! Not run on this project's development machines (no GPU): the same
+//! exchange and the same kernel run across processes on the host fake
+//! device in `tests/loop_processes.rs`; `scripts/gpu-check.sh` runs this
+//! file (2 and 4 processes sharing a GPU).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::nvrtc::Ptx;
+use ringcc_comm::store::Store;
+use ringcc_core::{Call, ChannelId, Collective, InOrderRing, LinkState, Machine, Rank, ReduceOp};
+
+use super::abi::{self, RcStatus};
+use super::gpu::{loop_ptx, HostMapped, MIN_ARCH};
+use super::peers::{wait_key, RegionLayout};
+use crate::config::Config;
+use crate::device::cuda::DeviceAlloc;
+use crate::driver;
+use crate::dtype::CollType;
+use crate::error::{Error, Result};
+use crate::ipc::cuda::{CudaExport, CudaHandle, CudaImport};
+use crate::kernel::{loop_symbol, ModuleKey, LOOP_THREADS};
+use crate::nvrtc::{pick_arch, Nvrtc};
+
+/// Words of one status record; the first line of the host words is the
+/// abort word's.
+const STATUS_WORDS: u64 = (std::mem::size_of::<RcStatus>() / 8) as u64;
+const LINE_WORDS: u64 = 16;
+
+fn key(rank: Rank) -> String {
+    format!("cuda-ipc-gpu/{}", rank.0)
+}
+
+/// One rank of a job of processes, on one GPU. See the module
+/// documentation.
+#[derive(Debug)]
+pub struct GpuRank {
+    rank: Rank,
+    world: u32,
+    config: Config,
+    layout: RegionLayout,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    // Dropped in this order: the table and the imports before our own
+    // memory (after the kernels stopped: see `Drop`).
+    table: DeviceAlloc,
+    _prev: Option<CudaImport>,
+    _next: Option<CudaImport>,
+    own: CudaExport,
+    host: HostMapped,
+    modules: HashMap<ModuleKey, (CudaFunction, Arc<CudaModule>)>,
+    arch: u32,
+    seq: u64,
+    poisoned: Option<String>,
+    closed: bool,
+}
+
+impl GpuRank {
+    /// Joins the job as `rank` of `world` on GPU `ordinal`, exchanging
+    /// IPC handles over `store` (every rank hands in a store reaching the
+    /// same keys). Fails where the loop cannot run (compute capability
+    /// below 7.0, no NVRTC architecture), or with a timeout when a
+    /// neighbour does not publish its memory within `config.timeout`.
+    pub fn init(
+        ordinal: usize,
+        rank: Rank,
+        world: u32,
+        store: &dyn Store,
+        config: Config,
+    ) -> Result<GpuRank> {
+        config.validate()?;
+        if world == 0 || rank.0 >= world {
+            return Err(Error::RankOutOfRange { rank, ranks: world });
+        }
+        driver::probe()?;
+        let ctx = driver::context(ordinal)?;
+        let cc = driver::compute_capability(&ctx)?;
+        let arch = match pick_arch(cc, &Nvrtc::get()?.supported_archs()?) {
+            Some(a) if a >= MIN_ARCH => a,
+            _ => {
+                return Err(Error::BadConfig {
+                    what: "the device loop needs compute capability 7.0 or newer",
+                })
+            }
+        };
+        let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+        let layout = RegionLayout::new(config.channels, config.geometry)?;
+        let own = CudaExport::zeroed(&ctx, layout.total())?;
+        let handle = serde_json::to_vec(own.handle()).map_err(|_| Error::BadConfig {
+            what: "an IPC handle that does not serialize",
+        })?;
+        store
+            .set(&key(rank), &handle)
+            .map_err(Error::comm("Store::set"))?;
+        let deadline = Instant::now() + config.timeout;
+        let import = |peer: Rank| -> Result<Option<CudaImport>> {
+            if peer == rank {
+                return Ok(None);
+            }
+            let what = format!("rank {}'s exported GPU loop memory", peer.0);
+            let bytes = wait_key(store, &key(peer), deadline, &what)?;
+            let h: CudaHandle = serde_json::from_slice(&bytes).map_err(|_| Error::BadConfig {
+                what: "a store key that holds no CUDA IPC handle",
+            })?;
+            CudaImport::open(&ctx, &h, layout.total()).map(Some)
+        };
+        let prev = import(Rank((rank.0 + world - 1) % world))?;
+        let next = import(Rank((rank.0 + 1) % world))?;
+        let base = |m: &Option<CudaImport>| m.as_ref().map_or(own.ptr(), CudaImport::ptr);
+        let chans = layout.table(own.ptr(), base(&prev), base(&next));
+        let bytes = std::mem::size_of_val(chans.as_slice()) as u64;
+        let table = DeviceAlloc::zeroed(&ctx, bytes)?;
+        // SAFETY: `table` holds `bytes` bytes; `chans` is that many bytes
+        // of plain `repr(C)` words; the context is current (`zeroed`).
+        unsafe { result::memcpy_htod_sync(table.ptr(), chans.as_slice()) }
+            .map_err(Error::driver("cuMemcpyHtoD"))?;
+        let host = HostMapped::zeroed(
+            &ctx,
+            (LINE_WORDS + u64::from(config.channels) * STATUS_WORDS) as usize,
+        )?;
+        tracing::info!(
+            rank = rank.0,
+            world,
+            ordinal,
+            channels = config.channels,
+            "ringcc-cuda: GPU rank on the device loop, CUDA IPC to its neighbours"
+        );
+        Ok(GpuRank {
+            rank,
+            world,
+            config,
+            layout,
+            ctx,
+            stream,
+            table,
+            _prev: prev,
+            _next: next,
+            own,
+            host,
+            modules: HashMap::new(),
+            arch,
+            seq: 0,
+            poisoned: None,
+            closed: false,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    /// The stream the calls are ordered on: allocate buffers and order
+    /// other work there.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The first failure, if one poisoned the rank.
+    pub fn failure(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    fn function(&mut self, module: ModuleKey) -> Result<cudarc::driver::sys::CUfunction> {
+        if !self.modules.contains_key(&module) {
+            let code = loop_ptx(self.arch, module)?;
+            let m = self
+                .ctx
+                .load_module(Ptx::from_src(code.as_str()))
+                .map_err(Error::driver("cuModuleLoadData"))?;
+            let f = m
+                .load_function(&loop_symbol(module))
+                .map_err(Error::driver("cuModuleGetFunction"))?;
+            self.modules.insert(module, (f, m));
+        }
+        self.modules
+            .get(&module)
+            .map(|(f, _)| f.cu_function())
+            .ok_or(Error::BadConfig {
+                what: "module missing after load",
+            })
+    }
+
+    /// AllReduce of `send` into `recv` (the same length).
+    pub fn all_reduce<T: CollType>(
+        &mut self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = Call::new(Collective::AllReduce, send.len() as u64, T::DTYPE, op);
+        self.raw(call, send, recv)
+    }
+
+    /// Enqueues `call` on the rank's stream, reading `send` and writing
+    /// `recv` (untyped views of the call's buffers: `call.dtype` says what
+    /// they hold; sizes as [`Call::buffer_bytes`]). Returns once it is
+    /// enqueued; failures on the device show at
+    /// [`synchronize`](GpuRank::synchronize).
+    pub fn raw<T>(
+        &mut self,
+        call: Call,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        if let Some(cause) = &self.poisoned {
+            return Err(Error::Poisoned {
+                cause: cause.clone(),
+            });
+        }
+        let plan = call
+            .plan(
+                self.world,
+                u32::from(self.config.channels),
+                self.config.chunk_bytes,
+            )
+            .map_err(Error::core("Plan::new"))?;
+        let (ib, ob) = call.buffer_bytes(self.world);
+        for (which, need, got) in [
+            ("send", ib, send.num_bytes()),
+            ("recv", ob, recv.num_bytes()),
+        ] {
+            if got < need {
+                return Err(Error::BadBuffer {
+                    rank: self.rank,
+                    which,
+                    expected: need as u64,
+                    got: got as u64,
+                });
+            }
+        }
+        // What the engine checks when a call starts: the plan fits.
+        let steps = plan
+            .steps(ChannelId(0), self.rank, InOrderRing { ranks: self.world })
+            .map_err(Error::core("Plan::steps"))?;
+        Machine::new(
+            call.desc(self.seq),
+            steps,
+            self.config.geometry,
+            LinkState::default(),
+        )
+        .map_err(Error::core("Machine::new"))?;
+        let module = ModuleKey {
+            dtype: call.dtype,
+            op: call.desc(self.seq).op,
+        };
+        let f = self.function(module)?;
+        let stream = self.stream.clone();
+        let (sp, _g1) = send.device_ptr(&stream);
+        let (rp, _g2) = recv.device_ptr_mut(&stream);
+        let mut args = super::loop_args(
+            &plan,
+            &call,
+            self.seq,
+            self.config.geometry,
+            self.rank,
+            self.config.timeout,
+            (sp, rp),
+            (
+                self.table.ptr(),
+                self.host.dev_word(LINE_WORDS),
+                self.host.dev_word(0),
+            ),
+        );
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("cuCtxSetCurrent"))?;
+        let mut params: [*mut c_void; 1] = [(&mut args as *mut abi::RcLoopArgs).cast()];
+        // SAFETY: the kernel takes one `rc_loop_args` by value, which
+        // `params[0]` points to until the call returns (the driver copies
+        // it). Its addresses: the user buffers (bounds-checked above,
+        // ordered on this stream by cudarc's guards, held until after the
+        // launch); the channel table and this rank's loop memory (owned
+        // here); the neighbours' (opened here, closed only after the
+        // kernels stopped); the mapped host words. The stream is this
+        // rank's, on this context, now current.
+        let launched = unsafe {
+            result::launch_kernel(
+                f,
+                (u32::from(self.config.channels), 1, 1),
+                (LOOP_THREADS, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(Error::driver("cuLaunchKernel"));
+        match launched {
+            Ok(()) => {
+                self.seq += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.poisoned.get_or_insert_with(|| e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn statuses(&self) -> Vec<(Rank, ChannelId, RcStatus)> {
+        (0..self.config.channels)
+            .map(|c| {
+                let base = (LINE_WORDS + u64::from(c) * STATUS_WORDS) as usize;
+                let w = |i: usize| self.host.read(base + i);
+                (
+                    self.rank,
+                    ChannelId(c),
+                    RcStatus {
+                        code: w(0),
+                        seq: w(1),
+                        waiting: w(2),
+                        seen: w(3),
+                        need: w(4),
+                        loop_index: w(5),
+                        step_index: w(6),
+                        slice: w(7),
+                        got_seq: w(8),
+                        got_count: w(9),
+                        got_desc: w(10),
+                        recv_next: w(11),
+                        send_next: w(12),
+                        own_count: w(13),
+                        own_desc: w(14),
+                        spare: w(15),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Waits (with the deadline) until the stream finished everything
+    /// enqueued; reports the failure a block recorded (a timeout with
+    /// what it waited for, a mismatched call), and poisons the rank on
+    /// one. When the deadline passes it raises the abort word and gives
+    /// the kernels as long again (at least a second) to stop.
+    pub fn synchronize(&mut self) -> Result<()> {
+        let timeout = self.config.timeout;
+        let mut deadline = Instant::now() + timeout;
+        let done = self
+            .stream
+            .record_event(None)
+            .map_err(Error::driver("cuEventRecord"))?;
+        let mut aborted = false;
+        let r = loop {
+            if done
+                .try_is_complete()
+                .map_err(Error::driver("cuEventQuery"))?
+            {
+                break Ok(());
+            }
+            let now = Instant::now();
+            if now > deadline {
+                if aborted {
+                    break Err(Error::Timeout {
+                        waiting_for: "the device loop to stop after an abort".into(),
+                        after: timeout,
+                    });
+                }
+                self.host.write(0, abi::ABORT_HOST);
+                aborted = true;
+                deadline = now + timeout.max(Duration::from_secs(1));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        };
+        let r = r
+            .and_then(|()| {
+                self.ctx
+                    .check_err()
+                    .map_err(Error::driver("deferred CUDA call"))
+            })
+            .and_then(|()| match super::status_error(self.statuses(), timeout) {
+                Some(e) => Err(e),
+                None if aborted => Err(Error::Timeout {
+                    waiting_for: "the device loop to finish the enqueued calls (aborted)".into(),
+                    after: timeout,
+                }),
+                None => Ok(()),
+            });
+        if let Err(e) = &r {
+            self.poisoned.get_or_insert_with(|| e.to_string());
+        }
+        r
+    }
+
+    /// Finishes the enqueued calls, then waits (bounded) in the store
+    /// until every rank has, so no neighbour's memory is freed while a
+    /// kernel may still write it; reports the first failure.
+    pub fn close(mut self, store: &dyn Store) -> Result<()> {
+        self.closed = true;
+        let finished = self.synchronize();
+        let n = store
+            .add("cuda-ipc-gpu/closed", 1)
+            .map_err(Error::comm("Store::add"))?;
+        let deadline = Instant::now() + self.config.timeout;
+        let mut all = n >= i64::from(self.world);
+        while !all && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+            all = store
+                .add("cuda-ipc-gpu/closed", 0)
+                .map_err(Error::comm("Store::add"))?
+                >= i64::from(self.world);
+        }
+        finished?;
+        if !all {
+            return Err(Error::Timeout {
+                waiting_for: "every rank to close".into(),
+                after: self.config.timeout,
+            });
+        }
+        Ok(())
+    }
+
+    /// `(recv_next, send_next)` of channel `c`: what the loop keeps in
+    /// this rank's memory between calls.
+    pub fn link_state(&self, c: u8) -> Result<(u64, u64)> {
+        let mut w = [0u64; 2];
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: the two words at `state(c)` lie inside this rank's loop
+        // memory (the layout's offsets); `w` holds 16 bytes.
+        unsafe { result::memcpy_dtoh_sync(&mut w, self.own.ptr() + self.layout.state(c)) }
+            .map_err(Error::driver("cuMemcpyDtoH"))?;
+        Ok((w[0], w[1]))
+    }
+}
+
+impl Drop for GpuRank {
+    /// Best effort: the kernels must stop before the memory goes.
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        if let Err(e) = self.synchronize() {
+            tracing::error!(error = %e, "ringcc-cuda: GPU rank dropped with unfinished work");
+        }
+    }
+}
