@@ -454,7 +454,7 @@ mod processes {
 
     /// Every collective × type × op (odd counts) on this rank, checked
     /// against the core's reference.
-    fn sweep(store: &dyn Store, rank: u32, ranks: u32) -> Result<usize, String> {
+    fn sweep(store: Arc<dyn Store>, rank: u32, ranks: u32) -> Result<usize, String> {
         let config = Config::small(1024, 2).map_err(|e| e.to_string())?;
         let mut g =
             GpuRank::init(0, Rank(rank), ranks, store, config).map_err(|e| e.to_string())?;
@@ -498,12 +498,12 @@ mod processes {
                 "link state ({recv_next}, {send_next}) after {runs} calls"
             ));
         }
-        g.close(store).map_err(|e| e.to_string())?;
+        g.close().map_err(|e| e.to_string())?;
         Ok(runs)
     }
 
     /// AllReduce f32 busbw at 64 MiB … 1 GiB with NCCL's geometry.
-    fn bandwidth(store: &dyn Store, rank: u32, ranks: u32) -> Result<(), String> {
+    fn bandwidth(store: Arc<dyn Store>, rank: u32, ranks: u32) -> Result<(), String> {
         let config = Config::default();
         let mut g =
             GpuRank::init(0, Rank(rank), ranks, store, config).map_err(|e| e.to_string())?;
@@ -532,7 +532,7 @@ mod processes {
                 );
             }
         }
-        g.close(store).map_err(|e| e.to_string())
+        g.close().map_err(|e| e.to_string())
     }
 
     /// A rank process of `job` (does nothing when run directly).
@@ -554,9 +554,18 @@ mod processes {
             )
             .unwrap(),
         );
-        let r = sweep(&PrefixStore::new(store.clone(), "sweep/"), rank, ranks).and_then(|runs| {
+        let r = sweep(
+            Arc::new(PrefixStore::new(store.clone(), "sweep/")),
+            rank,
+            ranks,
+        )
+        .and_then(|runs| {
             if var(BW) == "1" {
-                bandwidth(&PrefixStore::new(store.clone(), "bw/"), rank, ranks)?;
+                bandwidth(
+                    Arc::new(PrefixStore::new(store.clone(), "bw/")),
+                    rank,
+                    ranks,
+                )?;
             }
             Ok(runs)
         });

@@ -72,6 +72,18 @@ fn job(
     channels: u8,
     node: &dyn Fn(u32) -> String,
 ) -> Vec<Exit> {
+    job_env(suite, ranks, started, channels, node, &|_| Vec::new())
+}
+
+/// [`job`] with extra variables per rank.
+fn job_env(
+    suite: &str,
+    ranks: u32,
+    started: u32,
+    channels: u8,
+    node: &dyn Fn(u32) -> String,
+    env: &dyn Fn(u32) -> Vec<(&'static str, String)>,
+) -> Vec<Exit> {
     let t = token(suite);
     let server = TcpStoreServer::start(
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
@@ -94,6 +106,7 @@ fn job(
                     .env(CHANNELS, channels.to_string())
                     .env(STORE, &addr)
                     .env("RINGCC_NODE", node(r))
+                    .envs(env(r))
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
@@ -234,6 +247,11 @@ fn init(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<RankComm, Er
     let var = |k: &str| std::env::var(k).unwrap();
     let (token, addr) = (var(TOKEN), var(STORE));
     let o = options(suite, channels);
+    if suite == "launcher" {
+        // Rank, world size, address and token from RINGCC_*; rank 0
+        // serves the store there.
+        return RankComm::from_env(RankDevice::Fake, o, Arc::new(Vec::new));
+    }
     let store =
         TcpStore::connect(&addr, &token, Rank(rank), ranks, o.timeout).map_err(|source| {
             Error::Comm {
@@ -287,6 +305,27 @@ fn rank_main(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String,
     };
     let hops = format!("{:?}", rc.comm().hops());
     match suite {
+        "launcher" => {
+            if (rc.rank().0, rc.world_size()) != (rank, ranks) {
+                return Err(Error::BadConfig {
+                    what: "rank or world size not the launcher's",
+                });
+            }
+            let calls = [
+                Call::all_reduce(5000, DataType::F32, ReduceOp::Sum),
+                Call::all_gather(777, DataType::I64),
+                Call::broadcast(3001, DataType::U8, Rank(ranks - 1)),
+            ];
+            for (k, call) in calls.iter().enumerate() {
+                if !run_checked(&rc, call, k, false).map_err(comm_err)? {
+                    return Err(Error::BadConfig {
+                        what: "wrong results",
+                    });
+                }
+            }
+            rc.close()?;
+            Ok(format!("launcher ok, hops {hops}"))
+        }
         "suite" => {
             if rc
                 .comm()
@@ -450,4 +489,25 @@ fn ranks_on_two_nodes_are_not_joined_by_ipc() {
             e.out
         );
     }
+}
+
+/// `RankComm::from_env`: rank, world size, address and token from the
+/// launcher's variables (`RINGCC_*`); rank 0 serves the store at the
+/// address, every rank joins there — no store handed in.
+#[test]
+fn three_processes_from_the_launcher_environment() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let t = token("launcher");
+    let exits = job_env("launcher", 3, 3, 2, &one_node, &|r| {
+        vec![
+            ("RINGCC_RANK", r.to_string()),
+            ("RINGCC_WORLD_SIZE", "3".to_owned()),
+            ("RINGCC_ADDR", format!("127.0.0.1:{port}")),
+            ("RINGCC_TOKEN", t.clone()),
+        ]
+    });
+    assert_all_ok(&exits);
 }

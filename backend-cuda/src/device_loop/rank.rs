@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
+use ringcc_comm::launch::Launch;
+use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
 use ringcc_comm::store::Store;
 use ringcc_core::{Call, ChannelId, Collective, InOrderRing, LinkState, Machine, Rank, ReduceOp};
 
@@ -44,7 +46,6 @@ fn key(rank: Rank) -> String {
 
 /// One rank of a job of processes, on one GPU. See the module
 /// documentation.
-#[derive(Debug)]
 pub struct GpuRank {
     rank: Rank,
     world: u32,
@@ -64,6 +65,36 @@ pub struct GpuRank {
     seq: u64,
     poisoned: Option<String>,
     closed: bool,
+    store: Arc<dyn Store>,
+    /// Rank 0's built-in store, when this rank serves it (dropped last).
+    _server: Option<TcpStoreServer>,
+}
+
+impl std::fmt::Debug for GpuRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuRank")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("ordinal", &self.ctx.ordinal())
+            .field("channels", &self.config.channels)
+            .field("seq", &self.seq)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The launcher's local rank (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
+/// `SLURM_LOCALID`, `MPI_LOCALRANKID`), else `rank`.
+fn local_rank(rank: Rank) -> usize {
+    [
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+        "MPI_LOCALRANKID",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+    .unwrap_or(rank.0 as usize)
 }
 
 impl GpuRank {
@@ -76,7 +107,7 @@ impl GpuRank {
         ordinal: usize,
         rank: Rank,
         world: u32,
-        store: &dyn Store,
+        store: Arc<dyn Store>,
         config: Config,
     ) -> Result<GpuRank> {
         config.validate()?;
@@ -109,7 +140,7 @@ impl GpuRank {
                 return Ok(None);
             }
             let what = format!("rank {}'s exported GPU loop memory", peer.0);
-            let bytes = wait_key(store, &key(peer), deadline, &what)?;
+            let bytes = wait_key(&*store, &key(peer), deadline, &what)?;
             let h: CudaHandle = serde_json::from_slice(&bytes).map_err(|_| Error::BadConfig {
                 what: "a store key that holds no CUDA IPC handle",
             })?;
@@ -153,7 +184,54 @@ impl GpuRank {
             seq: 0,
             poisoned: None,
             closed: false,
+            store,
+            _server: None,
         })
+    }
+
+    /// Joins the job the launcher's environment describes (rank, world
+    /// size, rank 0's address: see [`Launch`]) on GPU `local rank mod
+    /// devices` (`LOCAL_RANK` and its kin, else the rank); rank 0 serves
+    /// the store.
+    pub fn from_env(config: Config) -> Result<GpuRank> {
+        let launch = Launch::from_env().map_err(Error::comm("Launch::from_env"))?;
+        driver::probe()?;
+        let devices = driver::device_count()?.max(1);
+        let ordinal = local_rank(launch.rank) % devices;
+        Self::from_launch(launch, ordinal, config)
+    }
+
+    /// Joins the job `launch` describes on GPU `ordinal`: rank 0 serves
+    /// the built-in TCP store at the launch address, every rank connects.
+    pub fn from_launch(launch: Launch, ordinal: usize, config: Config) -> Result<GpuRank> {
+        config.validate()?;
+        driver::probe()?;
+        let server = if launch.rank == Rank(0) {
+            let bind = ringcc_comm::resolve(&launch.addr).map_err(Error::comm("resolve"))?;
+            Some(
+                TcpStoreServer::start(bind, &launch.token, launch.world_size)
+                    .map_err(Error::comm("TcpStoreServer::start"))?,
+            )
+        } else {
+            None
+        };
+        let store = TcpStore::connect(
+            &launch.addr,
+            &launch.token,
+            launch.rank,
+            launch.world_size,
+            config.timeout,
+        )
+        .map_err(Error::comm("TcpStore::connect"))?;
+        let mut g = Self::init(
+            ordinal,
+            launch.rank,
+            launch.world_size,
+            Arc::new(store),
+            config,
+        )?;
+        g._server = server;
+        Ok(g)
     }
 
     /// This rank.
@@ -401,9 +479,10 @@ impl GpuRank {
     /// Finishes the enqueued calls, then waits (bounded) in the store
     /// until every rank has, so no neighbour's memory is freed while a
     /// kernel may still write it; reports the first failure.
-    pub fn close(mut self, store: &dyn Store) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
         self.closed = true;
         let finished = self.synchronize();
+        let store = Arc::clone(&self.store);
         let n = store
             .add("cuda-ipc-gpu/closed", 1)
             .map_err(Error::comm("Store::add"))?;
