@@ -28,6 +28,30 @@
 //!   what `ringcc perf --backend cuda` runs (checked with the core's
 //!   [`verify`](ringcc_core::verify), on the GPU or the fake device).
 //!
+//! ## One rank per process
+//!
+//! The way GPU clusters run (torchrun, srun, mpirun: one process per
+//! GPU), `ncclCommInitRank`'s shape, from the launcher's environment or
+//! an explicit `(rank, world, store)`:
+//!
+//! - [`GpuRank`]: a GPU rank on the device loop. Its loop memory (per
+//!   channel the counter lines and the FIFO) is exported with legacy CUDA
+//!   IPC and both ring neighbours' are opened over the store
+//!   ([`device_loop::peers`], [`ipc::cuda`]); each call is one persistent
+//!   kernel on the rank's stream (asynchronous, stream-ordered). The ranks
+//!   of one node only: nothing proxies a network hop yet.
+//! - [`RankComm`]: a rank on the fake device inside the per-rank
+//!   communicator of `ringcc-comm` (its bootstrap, its drive loop around
+//!   the core's engine, `Work` handles, abort), with [`ipc`] as the
+//!   transport between the processes of a node, chosen per hop like every
+//!   transport (the caller's transports carry the other hops).
+//!
+//! On the fake device both exchanges run for real between processes,
+//! with memfds standing in for device memory (the handle names
+//! `/proc/<pid>/fd/<fd>`): export → store → import → map → the executor
+//! (the communicator's host executor, or the loop kernel built as host
+//! C++) reads and writes through the mapping.
+//!
 //! The CUDA driver and NVRTC are loaded at run time: the crate builds and
 //! its non-GPU tests run on machines without CUDA, and every entry point
 //! that needs the driver first checks that `libcuda.so.1` loads
@@ -46,7 +70,12 @@
 //!   and device loop) compiled and
 //!   assembled by NVRTC when it is
 //!   found (`pip install nvidia-cuda-nvrtc-cu12`, or `RINGCC_NVRTC_LIB`;
-//!   set `RINGCC_REQUIRE_NVRTC=1` to fail rather than skip without it).
+//!   set `RINGCC_REQUIRE_NVRTC=1` to fail rather than skip without it);
+//!   and one rank per process on the fake device: 2–4 processes over
+//!   [`ipc`] (`tests/rank_processes.rs`) and the device loop's kernel
+//!   as host C++ in 2 and 4 processes (`tests/loop_processes.rs`), every
+//!   collective against the core's reference, a killed or absent rank a
+//!   typed error within the deadline.
 //! - `scripts/gpu-tests.sh` runs the `#[ignore]`d GPU tests where
 //!   `nvidia-smi` finds a GPU; `scripts/gpu-check.sh` is the whole GPU check
 //!   (tests and the fused kernels' bandwidth against a device copy and

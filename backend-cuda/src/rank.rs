@@ -19,10 +19,11 @@
 //! Its "device memory" is host memory, the FIFOs are exported as memfds,
 //! and the slices are carried out by the communicator's host executor —
 //! the core's reduction kernels, which are what the fake device runs. A
-//! rank on a GPU needs an executor that launches the fused kernels (or
-//! the device loop) on device buffers from the communicator's loop; that
-//! is not built yet, so [`RankDevice`] has no GPU variant: nothing here
-//! pretends to run on one.
+//! GPU rank per process is [`GpuRank`](crate::GpuRank) (the device loop,
+//! no host in the data path); running the communicator's loop on a GPU
+//! would need an executor that launches kernels on device buffers from
+//! that loop, which `ringcc-comm` does not have, so [`RankDevice`] has no
+//! GPU variant: nothing here pretends to run on one.
 
 use std::sync::Arc;
 
