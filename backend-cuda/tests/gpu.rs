@@ -492,6 +492,44 @@ mod processes {
                 }
             }
         }
+        // In place (NCCL's layout), one odd count per collective.
+        for c in collectives(ranks) {
+            let call = Call::new(c, 3001, DataType::F32, ReduceOp::Sum);
+            let salt = runs as u64 + 1;
+            let plan = call.plan(ranks, 1, 1 << 20).unwrap();
+            let (ib, ob) = call.buffer_bytes(ranks);
+            let e = call.elem();
+            let (io, oo) = call.in_place_offsets(rank);
+            let mut host = vec![
+                0u8;
+                ib.max(ob)
+                    .max(io as usize * e + ib)
+                    .max(oo as usize * e + ob)
+            ];
+            verify::fill_input(
+                &plan,
+                call.op,
+                rank,
+                salt,
+                &mut host[io as usize * e..][..ib],
+            )
+            .unwrap();
+            let mut want = vec![0u8; ob];
+            let exact = verify::fill_expected(&plan, call.op, rank, 0, salt, &mut want).unwrap();
+            let mut buf = s.clone_htod(&host).map_err(|e| e.to_string())?;
+            g.raw_in_place(call, &mut buf)
+                .map_err(|e| format!("{call:?} in place: {e}"))?;
+            g.synchronize()
+                .map_err(|e| format!("{call:?} in place: {e}"))?;
+            let got = s.clone_dtoh(&buf).map_err(|e| e.to_string())?;
+            if exact {
+                let wrong = verify::count_diff(&want, &got[oo as usize * e..][..ob], e);
+                if wrong != 0 {
+                    return Err(format!("{call:?} in place: {wrong} wrong"));
+                }
+            }
+            runs += 1;
+        }
         let (recv_next, send_next) = g.link_state(0).map_err(|e| e.to_string())?;
         if recv_next == 0 || send_next == 0 {
             return Err(format!(

@@ -297,18 +297,7 @@ impl GpuRank {
         send: &CudaSlice<T>,
         recv: &mut CudaSlice<T>,
     ) -> Result<()> {
-        if let Some(cause) = &self.poisoned {
-            return Err(Error::Poisoned {
-                cause: cause.clone(),
-            });
-        }
-        let plan = call
-            .plan(
-                self.world,
-                u32::from(self.config.channels),
-                self.config.chunk_bytes,
-            )
-            .map_err(Error::core("Plan::new"))?;
+        let plan = self.check(&call)?;
         let (ib, ob) = call.buffer_bytes(self.world);
         for (which, need, got) in [
             ("send", ib, send.num_bytes()),
@@ -323,7 +312,49 @@ impl GpuRank {
                 });
             }
         }
-        // What the engine checks when a call starts: the plan fits.
+        let stream = self.stream.clone();
+        let (sp, _g1) = send.device_ptr(&stream);
+        let (rp, _g2) = recv.device_ptr_mut(&stream);
+        // The guards record cudarc's read/write events after the launch.
+        self.launch(&call, &plan, (sp, rp))
+    }
+
+    /// Enqueues `call` in place in `buf`, laid out as NCCL's in-place
+    /// calls are ([`Call::in_place_offsets`]); as [`raw`](GpuRank::raw).
+    pub fn raw_in_place<T>(&mut self, call: Call, buf: &mut CudaSlice<T>) -> Result<()> {
+        let plan = self.check(&call)?;
+        let (ib, ob) = call.buffer_bytes(self.world);
+        let e = call.elem();
+        let (io, oo) = call.in_place_offsets(self.rank.0);
+        let need = (io as usize * e + ib).max(oo as usize * e + ob);
+        if buf.num_bytes() < need {
+            return Err(Error::BadBuffer {
+                rank: self.rank,
+                which: "in-place",
+                expected: need as u64,
+                got: buf.num_bytes() as u64,
+            });
+        }
+        let stream = self.stream.clone();
+        let (p, _g) = buf.device_ptr_mut(&stream);
+        self.launch(&call, &plan, (p + io * e as u64, p + oo * e as u64))
+    }
+
+    /// What the engine checks when a call starts: a live rank, a plan,
+    /// and a plan that fits the FIFO.
+    fn check(&self, call: &Call) -> Result<ringcc_core::Plan> {
+        if let Some(cause) = &self.poisoned {
+            return Err(Error::Poisoned {
+                cause: cause.clone(),
+            });
+        }
+        let plan = call
+            .plan(
+                self.world,
+                u32::from(self.config.channels),
+                self.config.chunk_bytes,
+            )
+            .map_err(Error::core("Plan::new"))?;
         let steps = plan
             .steps(ChannelId(0), self.rank, InOrderRing { ranks: self.world })
             .map_err(Error::core("Plan::steps"))?;
@@ -334,17 +365,27 @@ impl GpuRank {
             LinkState::default(),
         )
         .map_err(Error::core("Machine::new"))?;
+        Ok(plan)
+    }
+
+    /// Launches this rank's loop for `call` on its buffers (device
+    /// addresses, bounds-checked by the caller, kept alive and ordered on
+    /// the stream by the caller's guards).
+    fn launch(
+        &mut self,
+        call: &Call,
+        plan: &ringcc_core::Plan,
+        (sp, rp): (u64, u64),
+    ) -> Result<()> {
         let module = ModuleKey {
             dtype: call.dtype,
             op: call.desc(self.seq).op,
         };
         let f = self.function(module)?;
         let stream = self.stream.clone();
-        let (sp, _g1) = send.device_ptr(&stream);
-        let (rp, _g2) = recv.device_ptr_mut(&stream);
         let mut args = super::loop_args(
-            &plan,
-            &call,
+            plan,
+            call,
             self.seq,
             self.config.geometry,
             self.rank,
@@ -362,9 +403,9 @@ impl GpuRank {
         let mut params: [*mut c_void; 1] = [(&mut args as *mut abi::RcLoopArgs).cast()];
         // SAFETY: the kernel takes one `rc_loop_args` by value, which
         // `params[0]` points to until the call returns (the driver copies
-        // it). Its addresses: the user buffers (bounds-checked above,
-        // ordered on this stream by cudarc's guards, held until after the
-        // launch); the channel table and this rank's loop memory (owned
+        // it). Its addresses: the user buffers (bounds-checked by the
+        // caller, ordered on this stream by cudarc's guards the caller
+        // holds until after the launch); the channel table and this rank's loop memory (owned
         // here); the neighbours' (opened here, closed only after the
         // kernels stopped); the mapped host words. The stream is this
         // rank's, on this context, now current.
