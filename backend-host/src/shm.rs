@@ -23,23 +23,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringcc_comm::peer::{pid_namespace, PeerProcess};
 use ringcc_comm::transport::{Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
 use ringcc_comm::Error as CommError;
 use ringcc_core::prim::SlotSpan;
 use ringcc_core::progress::Event;
-use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
-use ringcc_core::{ChannelId, Rank, SlotIndex};
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
+use ringcc_core::{Rank, SlotIndex};
 
 use crate::{Bell, Segment, SegmentName};
 
 /// The longest nap while waiting for a peer to map a segment.
 const NAP: Duration = Duration::from_micros(200);
-
-/// Idle polls between two looks at the clock for the liveness check.
-const LIVENESS_POLLS: u32 = 16;
-
-/// The least time between two looks at the peer's process.
-const LIVENESS_EVERY: Duration = Duration::from_millis(200);
 
 /// How long opening this rank's own, just created bell may take.
 const OWN_BELL: Duration = Duration::from_secs(5);
@@ -64,14 +59,6 @@ impl ShmTransport {
     pub fn new() -> ShmTransport {
         ShmTransport::default()
     }
-}
-
-/// This process's PID namespace (`/proc/self/ns/pid`'s target), so two
-/// ranks know whether each other's pids mean anything to them.
-fn pid_namespace() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// The peer's pid when it runs in our PID namespace.
@@ -129,7 +116,12 @@ impl Transport for ShmTransport {
         Ok(Box::new(ShmSend {
             seg,
             head_seen: 0,
-            peer: Peer::new(hop.receiver, hop.channel, watchable_pid(job, hop.receiver)),
+            peer: PeerProcess::new(
+                "shm",
+                hop.receiver,
+                hop.channel,
+                watchable_pid(job, hop.receiver),
+            ),
             peer_bell: Bell::open(job.token, hop.receiver, job.deadline)?,
         }))
     }
@@ -159,65 +151,14 @@ impl Transport for ShmTransport {
             seg,
             tail_seen: 0,
             header_seen: 0,
-            peer: Peer::new(hop.sender, hop.channel, watchable_pid(job, hop.sender)),
+            peer: PeerProcess::new(
+                "shm",
+                hop.sender,
+                hop.channel,
+                watchable_pid(job, hop.sender),
+            ),
             peer_bell: Bell::open(job.token, hop.sender, job.deadline)?,
         }))
-    }
-}
-
-/// The other end's identity, and a cheap check that its process lives.
-#[derive(Debug)]
-struct Peer {
-    rank: Rank,
-    channel: ChannelId,
-    pid: Option<u32>,
-    idle: u32,
-    last_look: Instant,
-}
-
-impl Peer {
-    fn new(rank: Rank, channel: ChannelId, pid: Option<u32>) -> Peer {
-        Peer {
-            rank,
-            channel,
-            pid,
-            idle: 0,
-            last_look: Instant::now(),
-        }
-    }
-
-    /// Counts an idle poll; at most every [`LIVENESS_EVERY`], checks the
-    /// peer's process is still there.
-    fn idle_check(&mut self) -> Result<()> {
-        self.idle = self.idle.wrapping_add(1);
-        if !self.idle.is_multiple_of(LIVENESS_POLLS) && self.idle > 1 {
-            return Ok(());
-        }
-        if self.last_look.elapsed() < LIVENESS_EVERY {
-            return Ok(());
-        }
-        self.last_look = Instant::now();
-        let Some(pid) = self.pid else {
-            return Ok(());
-        };
-        // A zombie (killed, not yet reaped) counts as gone.
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-        let gone = match &stat {
-            Err(_) => true,
-            Ok(s) => s
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .is_some_and(|state| state == "Z" || state == "X"),
-        };
-        if gone {
-            return Err(CommError::PeerGone {
-                transport: "shm",
-                peer: self.rank,
-                channel: self.channel,
-                reason: format!("its process {pid} has exited"),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -228,7 +169,7 @@ pub struct ShmRecv {
     tail_seen: u64,
     /// The mailbox sequence (header step + 1) last reported.
     header_seen: u64,
-    peer: Peer,
+    peer: PeerProcess,
     /// The sender's bell, rung after returning credit.
     peer_bell: Bell,
 }
@@ -237,25 +178,14 @@ impl RecvEnd for ShmRecv {
     fn poll(&mut self) -> Result<Option<Event>> {
         let tail = self.seg.tail().load();
         if tail > self.tail_seen {
-            self.peer.idle = 0;
+            self.peer.seen();
             // The acquire load of `tail` makes the mailbox written before
             // it visible.
             let seq = self.seg.call_header_seq().load();
             if seq != self.header_seen && seq != 0 && seq - 1 < tail {
                 self.header_seen = seq;
                 let bytes = self.seg.read_call_header();
-                let repr =
-                    CallHeaderRepr::parse(&CallHeader::new_unchecked(&bytes[..])).map_err(|e| {
-                        CommError::Core {
-                            channel: Some(self.peer.channel),
-                            call: "CallHeaderRepr::parse",
-                            source: ringcc_core::Error::Wire(e),
-                        }
-                    })?;
-                return Ok(Some(Event::Header {
-                    step: seq - 1,
-                    desc: repr.desc,
-                }));
+                return self.peer.header_event(seq, &bytes[..]).map(Some);
             }
             self.tail_seen = tail;
             return Ok(Some(Event::Tail(tail)));
@@ -285,7 +215,7 @@ impl RecvEnd for ShmRecv {
 pub struct ShmSend {
     seg: Segment,
     head_seen: u64,
-    peer: Peer,
+    peer: PeerProcess,
     /// The receiver's bell, rung after posting `tail`.
     peer_bell: Bell,
 }
@@ -294,7 +224,7 @@ impl SendEnd for ShmSend {
     fn poll(&mut self) -> Result<Option<Event>> {
         let head = self.seg.head().load();
         if head > self.head_seen {
-            self.peer.idle = 0;
+            self.peer.seen();
             self.head_seen = head;
             return Ok(Some(Event::Head(head)));
         }

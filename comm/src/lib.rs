@@ -52,6 +52,7 @@ mod exec;
 pub mod launch;
 pub mod net;
 mod options;
+pub mod peer;
 mod ring;
 pub mod store;
 pub mod transport;

@@ -17,14 +17,14 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
+use ringcc_comm::peer::PeerProcess;
 use ringcc_comm::transport::{RecvEnd, SendEnd};
 use ringcc_comm::Error as CommError;
 use ringcc_core::fifo::{FifoGeometry, StepCounter, STEPS};
 use ringcc_core::prim::SlotSpan;
 use ringcc_core::progress::Event;
-use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
+use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::{ChannelId, Rank, SlotIndex};
 
 use super::memory::{ExportedMemory, ImportedMemory, Mapping};
@@ -278,77 +278,17 @@ pub fn open_outbox(
 #[derive(Debug)]
 pub struct FifoView(Fifo);
 
-/// The peer's process, looked at now and then: a killed peer fails the
-/// wait at once instead of at the deadline.
-#[derive(Debug)]
-pub(crate) struct Peer {
-    pub(crate) rank: Rank,
-    pub(crate) channel: ChannelId,
-    pub(crate) pid: Option<u32>,
-    idle: u32,
-    last_look: Instant,
-}
-
-/// Idle polls between two looks at the clock.
-const LIVENESS_POLLS: u32 = 16;
-/// The least time between two looks at the process table.
-const LIVENESS_EVERY: Duration = Duration::from_millis(200);
-
-impl Peer {
-    pub(crate) fn new(rank: Rank, channel: ChannelId, pid: Option<u32>) -> Peer {
-        Peer {
-            rank,
-            channel,
-            pid,
-            idle: 0,
-            last_look: Instant::now(),
-        }
-    }
-
-    /// Whether process `pid` is gone (exited, or a zombie not yet reaped).
-    pub(crate) fn gone(pid: u32) -> bool {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(s) => s
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .is_some_and(|state| state == "Z" || state == "X"),
-        }
-    }
-
-    pub(crate) fn check_now(&self) -> Result<()> {
-        match self.pid {
-            Some(pid) if Peer::gone(pid) => Err(CommError::PeerGone {
-                transport: NAME,
-                peer: self.rank,
-                channel: self.channel,
-                reason: format!("its process {pid} has exited"),
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    fn idle_check(&mut self) -> Result<()> {
-        self.idle = self.idle.wrapping_add(1);
-        if !self.idle.is_multiple_of(LIVENESS_POLLS) || self.last_look.elapsed() < LIVENESS_EVERY {
-            return Ok(());
-        }
-        self.last_look = Instant::now();
-        self.check_now()
-    }
-}
-
 /// The receiving end: this rank's own exported FIFO.
 #[derive(Debug)]
 pub struct IpcRecv {
     inbox: Inbox,
     tail_seen: u64,
     header_seen: u64,
-    peer: Peer,
+    peer: PeerProcess,
 }
 
 impl IpcRecv {
-    pub(crate) fn new(inbox: Inbox, peer: Peer) -> IpcRecv {
+    pub(crate) fn new(inbox: Inbox, peer: PeerProcess) -> IpcRecv {
         IpcRecv {
             inbox,
             tail_seen: 0,
@@ -362,25 +302,14 @@ impl RecvEnd for IpcRecv {
     fn poll(&mut self) -> Result<Option<Event>> {
         let tail = self.inbox.fifo.tail().load();
         if tail > self.tail_seen {
-            self.peer.idle = 0;
+            self.peer.seen();
             // The acquire load of `tail` made the mailbox written before
             // it visible.
             let seq = self.inbox.fifo.counter(MAILBOX_SEQ).load();
             if seq != self.header_seen && seq != 0 && seq - 1 < tail {
                 self.header_seen = seq;
                 let bytes = self.inbox.fifo.read_header();
-                let repr =
-                    CallHeaderRepr::parse(&CallHeader::new_unchecked(&bytes[..])).map_err(|e| {
-                        CommError::Core {
-                            channel: Some(self.peer.channel),
-                            call: "CallHeaderRepr::parse",
-                            source: ringcc_core::Error::Wire(e),
-                        }
-                    })?;
-                return Ok(Some(Event::Header {
-                    step: seq - 1,
-                    desc: repr.desc,
-                }));
+                return self.peer.header_event(seq, &bytes[..]).map(Some);
             }
             self.tail_seen = tail;
             return Ok(Some(Event::Tail(tail)));
@@ -411,11 +340,11 @@ pub struct IpcSend {
     fifo: Fifo,
     _memory: ImportedMemory,
     head_seen: u64,
-    peer: Peer,
+    peer: PeerProcess,
 }
 
 impl IpcSend {
-    pub(crate) fn new(memory: ImportedMemory, view: FifoView, peer: Peer) -> IpcSend {
+    pub(crate) fn new(memory: ImportedMemory, view: FifoView, peer: PeerProcess) -> IpcSend {
         IpcSend {
             fifo: view.0,
             _memory: memory,
@@ -429,7 +358,7 @@ impl SendEnd for IpcSend {
     fn poll(&mut self) -> Result<Option<Event>> {
         let head = self.fifo.head().load();
         if head > self.head_seen {
-            self.peer.idle = 0;
+            self.peer.seen();
             self.head_seen = head;
             return Ok(Some(Event::Head(head)));
         }

@@ -43,8 +43,9 @@ use ringcc_comm::Error as CommError;
 use ringcc_core::Rank;
 
 use crate::rank::RankDevice;
-use conn::{open_outbox, Inbox, IpcRecv, IpcSend, Peer};
+use conn::{open_outbox, Inbox, IpcRecv, IpcSend};
 use memory::{ImportedMemory, IpcHandle};
+use ringcc_comm::peer::{pid_namespace, PeerProcess};
 
 /// The transport's name (banner, `PeerInfo::transports`, overrides).
 pub const NAME: &str = "cuda-ipc";
@@ -76,14 +77,6 @@ impl IpcTransport {
             inboxes: HashMap::new(),
         }
     }
-}
-
-/// This process's PID namespace: two ranks whose pids mean the same
-/// thing to both (a handle names the owner's process by pid).
-fn pid_namespace() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 fn field<'a>(p: &'a PeerInfo, key: &str) -> Option<&'a serde_json::Value> {
@@ -123,9 +116,10 @@ fn wait_key(store: &dyn Store, key: &str, deadline: Instant, what: &str) -> Resu
 }
 
 impl IpcTransport {
-    fn peer(&self, job: &Job<'_>, rank: Rank, hop: Hop) -> Peer {
+    fn peer(&self, job: &Job<'_>, rank: Rank, hop: Hop) -> PeerProcess {
+        // `reaches` saw both ends in one PID namespace.
         let pid = job.peer(rank).map(|p| p.pid);
-        Peer::new(rank, hop.channel, pid)
+        PeerProcess::new(NAME, rank, hop.channel, pid)
     }
 }
 
