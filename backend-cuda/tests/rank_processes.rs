@@ -252,6 +252,12 @@ fn init(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<RankComm, Er
         // serves the store there.
         return RankComm::from_env(RankDevice::Fake, o, Arc::new(Vec::new));
     }
+    // Two "nodes": the host's transports carry the hops between them.
+    let extra: ringcc_comm::Transports = if suite == "two-nodes" {
+        ringcc_host::transports(IpAddr::V4(Ipv4Addr::LOCALHOST), o.timeout)
+    } else {
+        Arc::new(Vec::new)
+    };
     let store =
         TcpStore::connect(&addr, &token, Rank(rank), ranks, o.timeout).map_err(|source| {
             Error::Comm {
@@ -266,7 +272,7 @@ fn init(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<RankComm, Er
         &token,
         RankDevice::Fake,
         o,
-        Arc::new(Vec::new),
+        extra,
     )
 }
 
@@ -354,6 +360,42 @@ fn rank_main(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String,
             }
             rc.close()?;
             Ok(format!("{} calls twice, hops {hops}", calls.len()))
+        }
+        "two-nodes" => {
+            // Inside a node CUDA IPC, between the nodes TCP (the fake
+            // device's memory is host memory: the bytes go through the
+            // host's FIFOs, as a GPU's would be staged).
+            let hops = rc.comm().hops().to_vec();
+            let kinds: Vec<&str> = hops.iter().flat_map(|&(o, i)| [o, i]).collect();
+            if kinds.iter().any(|k| *k != "cuda-ipc" && *k != "tcp")
+                || !kinds.contains(&"cuda-ipc")
+                || !kinds.contains(&"tcp")
+            {
+                println!("HOPS {hops:?}");
+                return Err(Error::BadConfig {
+                    what: "two nodes' hops not cuda-ipc inside and tcp between",
+                });
+            }
+            let calls = suite_calls(ranks);
+            let mut wrong = Vec::new();
+            for (k, call) in calls.iter().enumerate() {
+                for in_place in [false, true] {
+                    if in_place && k % 3 != 0 {
+                        continue;
+                    }
+                    if !run_checked(&rc, call, k, in_place).map_err(comm_err)? {
+                        wrong.push(format!("{call:?} in place {in_place}"));
+                    }
+                }
+            }
+            if !wrong.is_empty() {
+                println!("WRONG {wrong:?}");
+                return Err(Error::BadConfig {
+                    what: "wrong results",
+                });
+            }
+            rc.close()?;
+            Ok(format!("{} calls, hops {hops:?}", calls.len()))
         }
         "killed" => {
             let call = Call::all_reduce(1 << 18, DataType::F32, ReduceOp::Sum);
@@ -485,6 +527,22 @@ fn ranks_on_two_nodes_are_not_joined_by_ipc() {
         assert_eq!(kind, "BadConfig", "rank {r}: {}", e.out);
         assert!(
             e.out.contains("no transport reaches"),
+            "rank {r}: {}",
+            e.out
+        );
+    }
+}
+
+/// Four ranks on two "nodes" (`RINGCC_NODE`), the host's transports
+/// given beside CUDA IPC: each hop inside a node goes over `cuda-ipc`,
+/// each hop between the nodes over TCP; every collective checked.
+#[test]
+fn four_processes_on_two_nodes_ipc_inside_tcp_between() {
+    let exits = job("two-nodes", 4, 4, 2, &|r| format!("node-{}", r / 2));
+    assert_all_ok(&exits);
+    for (r, e) in exits.iter().enumerate() {
+        assert!(
+            e.out.contains("cuda-ipc") && e.out.contains("tcp"),
             "rank {r}: {}",
             e.out
         );
