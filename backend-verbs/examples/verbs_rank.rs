@@ -6,12 +6,15 @@
 //! the transport's from `RINGCC_IB_*`).
 //!
 //! ```text
-//! verbs_rank suite [--sizes 0,1,1000] [--seed S] [--in-place] [--shm]
+//! verbs_rank suite [--sizes 0,1,1000] [--seed S] [--in-place] [--shm] [--fake-gpu]
 //!                                                 every collective, checked (every other
 //!                                                 call queued asynchronously; --in-place:
 //!                                                 every call in place, NCCL's layout;
 //!                                                 --shm: shared memory inside a node,
-//!                                                 verbs between nodes)
+//!                                                 verbs between nodes; --fake-gpu: a
+//!                                                 fake-device GPU rank, CUDA IPC inside
+//!                                                 a node, verbs between nodes staged
+//!                                                 through host FIFOs)
 //! verbs_rank bench --bytes B [--iters N] [--warmup W] [--out FILE]
 //! verbs_rank loop --bytes B --seconds S            allreduce until error/time
 //! verbs_rank mismatch                              rank 1 calls another count
@@ -107,16 +110,22 @@ fn options() -> Options {
     o
 }
 
-/// Verbs alone, or (`shm`) shared memory first, then verbs.
-fn transports(config: VerbsConfig, shm: bool) -> Transports {
-    Arc::new(move || {
+/// Verbs alone, or (`shm`) shared memory first, then verbs; with
+/// `fake_gpu`, a fake-device GPU rank's CUDA IPC before them all.
+fn transports(config: VerbsConfig, shm: bool, fake_gpu: bool) -> Transports {
+    let host: Transports = Arc::new(move || {
         let mut ts: Vec<Box<dyn Transport>> = Vec::new();
         if shm {
             ts.push(Box::new(ShmTransport::new()));
         }
         ts.push(Box::new(VerbsTransport::new(config.clone())));
         ts
-    })
+    });
+    if fake_gpu {
+        ringcc_cuda::rank::transports(ringcc_cuda::rank::RankDevice::Fake, host)
+    } else {
+        host
+    }
 }
 
 fn main() -> ExitCode {
@@ -140,7 +149,11 @@ fn main() -> ExitCode {
         launch.token = "not-the-job-token".into();
     }
     let t0 = Instant::now();
-    let comm = Communicator::from_launch(launch, options(), transports(config, args.flag("--shm")));
+    let comm = Communicator::from_launch(
+        launch,
+        options(),
+        transports(config, args.flag("--shm"), args.flag("--fake-gpu")),
+    );
     if mode == "stranger" {
         return stranger(comm);
     }

@@ -397,6 +397,43 @@ fn two_nodes_shm_inside_verbs_between() {
     }
 }
 
+/// Fake-device GPU ranks (`ringcc_cuda`'s CUDA IPC transport over
+/// memfds) on two "nodes" of two ranks: CUDA IPC inside a node, verbs
+/// between the nodes, the bytes staged through the host's FIFOs. Every
+/// collective checks clean, out of place and in place.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn two_nodes_fake_gpu_ranks_ipc_inside_verbs_between() {
+    for args in [
+        &["suite", "--fake-gpu"][..],
+        &["suite", "--fake-gpu", "--in-place"][..],
+    ] {
+        let mut job = Job::start(4, args, |r| {
+            let mut v = vars(&SMALL);
+            v.push(("RINGCC_NCHANNELS".into(), "2".into()));
+            v.push(("RINGCC_NODE".into(), if r < 2 { "a" } else { "b" }.into()));
+            v
+        });
+        let exits = job.finish(Duration::from_secs(400));
+        assert_all_ok(&exits);
+        for (r, want) in [
+            "hops out=cuda-ipc in=verbs",
+            "hops out=verbs in=cuda-ipc",
+            "hops out=cuda-ipc in=verbs",
+            "hops out=verbs in=cuda-ipc",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert!(
+                exits[r].result().contains(want),
+                "rank {r}: {}",
+                exits[r].result()
+            );
+        }
+    }
+}
+
 fn expect_all_failed(exits: &[Exit], limit: Duration) {
     for e in exits {
         println!("rank {}: {} [{:?}]", e.rank, e.result(), e.at);
