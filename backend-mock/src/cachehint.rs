@@ -1,9 +1,7 @@
-//! Hints to the CPU and the kernel about the lanes, the one structure of a
-//! large simulation too big for the caches: a prefetch ahead of use, and
-//! huge pages (16 K lanes span 2300 pages of 4 KiB, beyond the TLB; a
-//! miss costs a page walk, two-dimensional in a virtual machine). Hints
-//! only: neither changes what any load returns. The only `unsafe` of this
-//! crate.
+//! Hints to the CPU about the lanes, the one structure of a large
+//! simulation too big for the caches: a prefetch ahead of use (the huge
+//! pages they sit on are [`crate::huge`]'s). Hints only: no load returns
+//! anything else for them.
 
 /// Asks the CPU to start loading the first `lines` cache lines of `*v`.
 /// A no-op on targets without a stable prefetch intrinsic.
@@ -52,34 +50,4 @@ pub(crate) fn prefetch_addr(addr: usize, lines: usize) {
     {
         let _ = (addr, lines);
     }
-}
-
-/// An empty vector with room for `n` elements whose memory the kernel is
-/// asked to back with transparent huge pages (Linux, `MADV_HUGEPAGE`;
-/// ignored where unsupported). Call before filling it: pages are chosen
-/// when first touched.
-pub(crate) fn huge_vec<T>(n: usize) -> Vec<T> {
-    let v = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let bytes = n.saturating_mul(std::mem::size_of::<T>());
-        let start = v.as_ptr() as usize;
-        // Whole pages inside the allocation.
-        let lo = start.div_ceil(PAGE) * PAGE;
-        let hi = (start + bytes) / PAGE * PAGE;
-        if bytes >= 2 << 20 && hi > lo {
-            // SAFETY: `[lo, hi)` is page-aligned and lies inside the
-            // vector's allocation, which lives at least as long as this
-            // call; `MADV_HUGEPAGE` only sets the kernel's paging policy
-            // for the range: contents and validity are unchanged, and a
-            // failure (a kernel without transparent huge pages) leaves
-            // everything as it was.
-            #[allow(unsafe_code)]
-            unsafe {
-                libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    v
 }

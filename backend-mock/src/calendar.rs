@@ -281,6 +281,14 @@ impl Calendar {
         self.current.get(self.next_entry.wrapping_add(k))
     }
 
+    /// Whether the entry popped last was the first of its bucket (the
+    /// bucket was just loaded: the entries after it were out of sight of
+    /// [`peek_current`](Calendar::peek_current) until now).
+    #[inline]
+    pub fn first_of_bucket(&self) -> bool {
+        self.next_entry == 1
+    }
+
     #[inline]
     pub fn pop(&mut self) -> Option<Entry> {
         if let Some(e) = self.pop_current() {

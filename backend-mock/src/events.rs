@@ -294,6 +294,13 @@ impl Events {
         self.heap.peek_current(k).map(|e| e.ev.unpack())
     }
 
+    /// Whether the event just popped began a calendar bucket: the events
+    /// after it were not known before (see [`peek_ahead`](Events::peek_ahead)).
+    #[inline]
+    pub fn began_bucket(&self) -> bool {
+        self.heap.first_of_bucket()
+    }
+
     /// Events processed so far.
     pub fn processed(&self) -> u64 {
         self.processed

@@ -15,6 +15,7 @@ use ringcc_core::{CallDesc, ChannelId, Rank};
 use crate::error::Error;
 use crate::events::{secs, Ev, Events, Ps};
 use crate::fabric::{Fabric, Hop, LaneTopo, RingRef};
+use crate::huge::{HugeSlice, Window};
 use crate::sim::Sim;
 
 /// Where a lane stands in the current run.
@@ -116,8 +117,9 @@ impl Credits {
     }
 }
 
-/// A rank's progress engine: the core's, over its channels.
-pub(crate) type RankEngine = Engine<RingRef, Box<[Channel<RingRef>]>>;
+/// A rank's progress engine: the core's, over its channels (its window
+/// of the cluster's channel array).
+pub(crate) type RankEngine = Engine<RingRef, Window<Channel<RingRef>>>;
 
 /// One (channel, rank): what its events touch.
 ///
@@ -187,14 +189,19 @@ impl Lane {
 /// machines). Indexing with a lane number gives its [`Lane`].
 pub(crate) struct Lanes {
     /// What every event touches, per lane (on huge pages).
-    pub hot: Vec<Lane>,
+    pub hot: HugeSlice<Lane>,
     /// What events rarely touch, per lane.
     pub cold: Vec<LaneCold>,
-    /// Each rank's core progress engine.
-    pub engines: Vec<RankEngine>,
-    /// Per rank, the address of its engine's channel storage (for
-    /// prefetching only: it never moves).
-    channels: Vec<usize>,
+    /// Each rank's core progress engine (on huge pages, like their
+    /// channels).
+    pub engines: HugeSlice<RankEngine>,
+    /// The address of rank 0's channel 0 in the channel array, where rank
+    /// `r`'s channel `c` is at `r · ranks' channels + c` (for prefetching
+    /// only: it never moves; computed, not loaded from a per-rank table
+    /// that would miss the cache itself).
+    channels: usize,
+    /// Channels per rank.
+    per_rank: usize,
     /// A lane number's rank and channel, without its lane.
     split: LaneSplit,
 }
@@ -238,23 +245,22 @@ impl Lanes {
     /// A lane per (channel, rank) of `fab`, in engines that give up on a
     /// call after `timeout` without progress.
     pub fn new(fab: &Fabric, timeout: Ps) -> Lanes {
-        let mut hot = crate::cachehint::huge_vec(fab.lanes.len());
-        hot.extend(fab.lanes.iter().map(|t| Lane::new(*t)));
-        let engines: Vec<RankEngine> = (0..fab.ranks)
-            .map(|r| {
-                let channels = vec![Channel::new(); fab.channels as usize];
-                RankEngine::new(Rank(r), channels.into_boxed_slice(), timeout)
-            })
-            .collect();
-        let channels = engines
-            .iter()
-            .map(|e| e.channels().as_ptr() as usize)
-            .collect();
+        let hot = HugeSlice::from_fn(fab.lanes.len(), |l| Lane::new(fab.lanes[l]));
+        let per_rank = fab.channels as usize;
+        let ranks = fab.ranks as usize;
+        let all = HugeSlice::from_fn(ranks * per_rank, |_| Channel::new());
+        let channels = all.as_ptr() as usize;
+        let mut windows = all.split(per_rank).into_iter();
+        let engines = HugeSlice::from_fn(ranks, |r| {
+            let channels = windows.next().expect("a window per rank");
+            RankEngine::new(Rank(r as u32), channels, timeout)
+        });
         Lanes {
             hot,
             cold: (0..fab.lanes.len()).map(|_| LaneCold::default()).collect(),
             engines,
             channels,
+            per_rank,
             split: LaneSplit::new(fab.ranks),
         }
     }
@@ -276,10 +282,11 @@ impl Lanes {
         // Never dereferenced: a hint (an address past the end is harmless).
         let engine = self.engines.as_ptr().wrapping_add(rank as usize);
         crate::cachehint::prefetch_addr(engine as usize, 1);
-        if let Some(&base) = self.channels.get(rank as usize) {
-            let offset = (c as usize).wrapping_mul(size_of::<Channel<RingRef>>());
-            crate::cachehint::prefetch_addr(base.wrapping_add(offset), MACHINE_HOT_LINES);
-        }
+        let index = (rank as usize)
+            .wrapping_mul(self.per_rank)
+            .wrapping_add(c as usize);
+        let offset = index.wrapping_mul(size_of::<Channel<RingRef>>());
+        crate::cachehint::prefetch_addr(self.channels.wrapping_add(offset), MACHINE_HOT_LINES);
     }
 
     /// Starts loading lane `l` (what a credit's arrival touches).

@@ -34,9 +34,11 @@
 //!   on one core of the development machine. At that size the 16 K lanes outgrow the
 //!   caches: a lane keeps what events touch in two cache lines, its
 //!   machine's hot fields open its channel in the rank's engine (three
-//!   more), the lanes sit on huge pages, and the run loop prefetches both,
-//!   and the engine's first line, a dozen events ahead (the crate's only
-//!   `unsafe`).
+//!   more), the lanes, engines and channels sit on huge pages (one array
+//!   each; every engine owns a window of the channels'), and the run loop
+//!   prefetches both, and the engine's first line, a dozen events ahead —
+//!   the first events of each calendar bucket as the bucket begins (the
+//!   crate's only `unsafe`: the prefetches and the arrays).
 //! - **Faults** ([`Faults`]): seeded packet loss, duplication, reordering,
 //!   jitter, a dead rank / NIC / NVLink at a virtual time, a corrupted
 //!   remote key. Loss is recovered by retransmission; a failure ends every
@@ -99,6 +101,7 @@ mod fabric;
 mod faults;
 mod flow;
 mod generated;
+mod huge;
 mod lane;
 mod memory;
 mod pcap;

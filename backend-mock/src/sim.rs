@@ -382,13 +382,17 @@ impl Sim {
     /// ahead into the cache. On large clusters a lane is several cache
     /// misses per event, most of the cost; a prefetch lets them overlap
     /// with the work of the events in between instead of stalling each.
+    ///
+    /// The look-ahead sees only the calendar bucket being drained, so the
+    /// first events of each bucket (a bucket holds a few dozen) were never
+    /// [`PREFETCH_AHEAD`] places ahead: when a bucket begins, they are all
+    /// started at once, each with what lead it has.
     #[inline]
     fn prefetch_ahead(&self) {
-        if let Some(Ev::ExecDone { lane } | Ev::Tail { lane, .. } | Ev::Wake { lane }) =
-            self.events.peek_ahead(PREFETCH_AHEAD)
-        {
-            self.lanes.prefetch(lane);
+        if self.events.began_bucket() {
+            self.prefetch_bucket_start();
         }
+        self.prefetch_event(PREFETCH_AHEAD);
         // Half-way, the lane is in the cache: for a finished slice (which
         // returns a credit), the predecessor's lane.
         if let Some(Ev::ExecDone { lane }) = self.events.peek_ahead(PREFETCH_AHEAD / 2) {
@@ -396,6 +400,25 @@ impl Sim {
                 self.lanes
                     .prefetch_lane(self.fab.lane(l.t.channel, l.t.prev));
             }
+        }
+    }
+
+    /// Starts loading what the event `k + 1` places ahead touches.
+    #[inline(always)]
+    fn prefetch_event(&self, k: usize) {
+        if let Some(Ev::ExecDone { lane } | Ev::Tail { lane, .. } | Ev::Wake { lane }) =
+            self.events.peek_ahead(k)
+        {
+            self.lanes.prefetch(lane);
+        }
+    }
+
+    /// The first [`PREFETCH_AHEAD`] events after the first of a bucket
+    /// (once a bucket: not worth inlining into every event).
+    #[inline(never)]
+    fn prefetch_bucket_start(&self) {
+        for k in 0..PREFETCH_AHEAD {
+            self.prefetch_event(k);
         }
     }
 
@@ -469,7 +492,7 @@ impl Sim {
                 Ok(())
             });
         }
-        for lane in &mut self.lanes.hot {
+        for lane in self.lanes.hot.iter_mut() {
             lane.state = LaneState::Idle;
         }
         if self.cfg.payload {
