@@ -11,9 +11,9 @@
 //! within the deadline. Needs `c++`; says it skipped otherwise.
 
 mod common;
+mod procs;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,8 @@ use ringcc_cuda::device_loop::abi::{self, RcLoopArgs, RcStatus};
 use ringcc_cuda::device_loop::peers::LoopPeers;
 use ringcc_cuda::device_loop::{loop_args, status_error};
 use ringcc_cuda::kernel::{loop_source, loop_symbol, ModuleKey};
+
+use procs::Exit;
 
 const ROLE: &str = "RINGCC_LOOP_TEST_RANK";
 const RANKS: &str = "RINGCC_LOOP_TEST_RANKS";
@@ -77,24 +79,6 @@ fn modules() -> Vec<ModuleKey> {
     m
 }
 
-/// Kills a child still running when dropped.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Exit {
-    code: Option<i32>,
-    out: String,
-}
-
 /// Builds the kernels, serves the store, starts the ranks and waits (up
 /// to `JOB_LIMIT`); their exits in rank order. `None` without `c++`.
 fn job(suite: &str, ranks: u32, channels: u8) -> Option<Vec<Exit>> {
@@ -111,60 +95,18 @@ fn job(suite: &str, ranks: u32, channels: u8) -> Option<Vec<Exit>> {
     )
     .expect("serve the store");
     let addr = server.local_addr().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let t0 = Instant::now();
-    let mut children: Vec<Reap> = (0..ranks)
-        .map(|r| {
-            Reap(
-                Command::new(&exe)
-                    .args(["--exact", "child_loop", "--ignored", "--nocapture"])
-                    .env(ROLE, r.to_string())
-                    .env(RANKS, ranks.to_string())
-                    .env(TOKEN, &t)
-                    .env(SUITE, suite)
-                    .env(CHANNELS, channels.to_string())
-                    .env(STORE, &addr)
-                    .env(LIB, &lib)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("spawn a rank"),
-            )
-        })
-        .collect();
-    let mut done: Vec<Option<Option<i32>>> = (0..ranks).map(|_| None).collect();
-    while done.iter().any(Option::is_none) && t0.elapsed() < JOB_LIMIT {
-        for (r, c) in children.iter_mut().enumerate() {
-            if done[r].is_none() {
-                if let Ok(Some(st)) = c.0.try_wait() {
-                    done[r] = Some(st.code());
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let exits = procs::run("child_loop", ranks, JOB_LIMIT, &|r| {
+        vec![
+            (ROLE, r.to_string()),
+            (RANKS, ranks.to_string()),
+            (TOKEN, t.clone()),
+            (SUITE, suite.to_owned()),
+            (CHANNELS, channels.to_string()),
+            (STORE, addr.clone()),
+            (LIB, lib.to_string_lossy().into_owned()),
+        ]
+    });
     drop(server);
-    let exits = children
-        .iter_mut()
-        .zip(done)
-        .map(|(c, d)| {
-            if d.is_none() {
-                let _ = c.0.kill();
-            }
-            let _ = c.0.wait();
-            let mut out = String::new();
-            if let Some(mut s) = c.0.stdout.take() {
-                let _ = std::io::Read::read_to_string(&mut s, &mut out);
-            }
-            if let Some(mut s) = c.0.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut s, &mut out);
-            }
-            Exit {
-                code: d.flatten(),
-                out,
-            }
-        })
-        .collect();
     let _ = std::fs::remove_dir_all(&dir);
     Some(exits)
 }

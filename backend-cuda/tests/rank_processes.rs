@@ -11,7 +11,6 @@
 //! gives up.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +20,9 @@ use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::verify;
 use ringcc_core::{Call, DataType, Rank, ReduceOp};
 use ringcc_cuda::{Error, RankComm, RankDevice};
+
+mod procs;
+use procs::Exit;
 
 const ROLE: &str = "RINGCC_CUDA_TEST_RANK";
 const RANKS: &str = "RINGCC_CUDA_TEST_RANKS";
@@ -35,31 +37,11 @@ const JOB_LIMIT: Duration = Duration::from_secs(180);
 /// The deadline of the failure suites' ranks.
 const SHORT: Duration = Duration::from_secs(4);
 
-/// Kills a child still running when dropped (a failed assert must not
-/// leave processes behind).
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 fn token(what: &str) -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     format!("cuda-ranks-{what}-{}-{}", std::process::id(), t ^ (t >> 17))
-}
-
-/// What one rank process reported.
-#[derive(Debug)]
-struct Exit {
-    code: Option<i32>,
-    out: String,
 }
 
 /// Serves the store for `ranks` ranks, starts `started` of them (the rest
@@ -92,61 +74,19 @@ fn job_env(
     )
     .expect("serve the store");
     let addr = server.local_addr().to_string();
-    let t0 = Instant::now();
-    let exe = std::env::current_exe().unwrap();
-    let mut children: Vec<Reap> = (0..started)
-        .map(|r| {
-            Reap(
-                Command::new(&exe)
-                    .args(["--exact", "child_rank", "--ignored", "--nocapture"])
-                    .env(ROLE, r.to_string())
-                    .env(RANKS, ranks.to_string())
-                    .env(TOKEN, &t)
-                    .env(SUITE, suite)
-                    .env(CHANNELS, channels.to_string())
-                    .env(STORE, &addr)
-                    .env("RINGCC_NODE", node(r))
-                    .envs(env(r))
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("spawn a rank"),
-            )
-        })
-        .collect();
-    let mut done: Vec<Option<Option<i32>>> = (0..started).map(|_| None).collect();
-    while done.iter().any(Option::is_none) && t0.elapsed() < JOB_LIMIT {
-        for (r, c) in children.iter_mut().enumerate() {
-            if done[r].is_none() {
-                if let Ok(Some(st)) = c.0.try_wait() {
-                    done[r] = Some(st.code());
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    drop(server);
-    children
-        .iter_mut()
-        .zip(done)
-        .map(|(c, d)| {
-            if d.is_none() {
-                let _ = c.0.kill();
-            }
-            let _ = c.0.wait();
-            let mut out = String::new();
-            if let Some(mut s) = c.0.stdout.take() {
-                let _ = std::io::Read::read_to_string(&mut s, &mut out);
-            }
-            if let Some(mut s) = c.0.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut s, &mut out);
-            }
-            Exit {
-                code: d.flatten(),
-                out,
-            }
-        })
-        .collect()
+    procs::run("child_rank", started, JOB_LIMIT, &|r| {
+        let mut v = vec![
+            (ROLE, r.to_string()),
+            (RANKS, ranks.to_string()),
+            (TOKEN, t.clone()),
+            (SUITE, suite.to_owned()),
+            (CHANNELS, channels.to_string()),
+            (STORE, addr.clone()),
+            ("RINGCC_NODE", node(r)),
+        ];
+        v.extend(env(r));
+        v
+    })
 }
 
 fn one_node(_: u32) -> String {
