@@ -367,34 +367,7 @@ fn suite_in_place_4_ranks_2_nodes_2_nics_3_channels() {
 #[test]
 #[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
 fn two_nodes_shm_inside_verbs_between() {
-    for args in [
-        &["suite", "--shm"][..],
-        &["suite", "--shm", "--in-place"][..],
-    ] {
-        let mut job = Job::start(4, args, |r| {
-            let mut v = vars(&SMALL);
-            v.push(("RINGCC_NCHANNELS".into(), "2".into()));
-            v.push(("RINGCC_NODE".into(), if r < 2 { "a" } else { "b" }.into()));
-            v
-        });
-        let exits = job.finish(Duration::from_secs(400));
-        assert_all_ok(&exits);
-        for (r, want) in [
-            "hops out=shm in=verbs",
-            "hops out=verbs in=shm",
-            "hops out=shm in=verbs",
-            "hops out=verbs in=shm",
-        ]
-        .iter()
-        .enumerate()
-        {
-            assert!(
-                exits[r].result().contains(want),
-                "rank {r}: {}",
-                exits[r].result()
-            );
-        }
-    }
+    two_nodes("--shm", "shm");
 }
 
 /// Fake-device GPU ranks (`ringcc_cuda`'s CUDA IPC transport over
@@ -404,10 +377,13 @@ fn two_nodes_shm_inside_verbs_between() {
 #[test]
 #[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
 fn two_nodes_fake_gpu_ranks_ipc_inside_verbs_between() {
-    for args in [
-        &["suite", "--fake-gpu"][..],
-        &["suite", "--fake-gpu", "--in-place"][..],
-    ] {
+    two_nodes("--fake-gpu", "cuda-ipc");
+}
+
+/// Four ranks of `verbs_rank suite <flag>` on two nodes: the hops inside
+/// a node over `inside`, between the nodes over verbs.
+fn two_nodes(flag: &str, inside: &str) {
+    for args in [&["suite", flag][..], &["suite", flag, "--in-place"][..]] {
         let mut job = Job::start(4, args, |r| {
             let mut v = vars(&SMALL);
             v.push(("RINGCC_NCHANNELS".into(), "2".into()));
@@ -416,17 +392,11 @@ fn two_nodes_fake_gpu_ranks_ipc_inside_verbs_between() {
         });
         let exits = job.finish(Duration::from_secs(400));
         assert_all_ok(&exits);
-        for (r, want) in [
-            "hops out=cuda-ipc in=verbs",
-            "hops out=verbs in=cuda-ipc",
-            "hops out=cuda-ipc in=verbs",
-            "hops out=verbs in=cuda-ipc",
-        ]
-        .iter()
-        .enumerate()
-        {
+        let outward = format!("hops out={inside} in=verbs");
+        let inward = format!("hops out=verbs in={inside}");
+        for (r, want) in [&outward, &inward, &outward, &inward].iter().enumerate() {
             assert!(
-                exits[r].result().contains(want),
+                exits[r].result().contains(want.as_str()),
                 "rank {r}: {}",
                 exits[r].result()
             );
