@@ -2,7 +2,7 @@
 //! and never panics.
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::prim::{Action, LinkState, Machine};
+use ringcc_core::prim::{check_start, Action, LinkState, Machine};
 use ringcc_core::{
     CallDesc, ChannelId, Collective, DataType, Error, InOrderRing, Plan, ProtocolViolation, Rank,
     ReduceOp,
@@ -294,6 +294,23 @@ fn chunk_must_leave_a_slice_free() {
     )
     .unwrap_err();
     assert_eq!(err, Error::PlanMismatch);
+    // The same checks without a machine (a device loop's host side).
+    let small = FifoGeometry::new(32, 1).unwrap();
+    assert_eq!(
+        check_start(&call(0, 64), &plan, small),
+        Err(Error::ChunkTooLargeForFifo {
+            chunk_bytes: 256,
+            fifo_bytes: 256
+        })
+    );
+    assert_eq!(
+        check_start(&call(0, 65), &plan, small),
+        Err(Error::PlanMismatch)
+    );
+    assert_eq!(
+        check_start(&call(0, 64), &plan, FifoGeometry::new(64, 1).unwrap()),
+        Ok(())
+    );
 }
 
 /// A call header is accepted once, at the step the connection is at: a

@@ -72,9 +72,8 @@ pub mod rank;
 use std::time::Duration;
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::{
-    Blocked, Call, ChannelId, InOrderRing, LinkState, Machine, Plan, ProtocolViolation, Rank,
-};
+use ringcc_core::prim::check_start;
+use ringcc_core::{Blocked, Call, ChannelId, InOrderRing, Plan, ProtocolViolation, Rank};
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -109,16 +108,9 @@ pub fn check_calls(layout: &Layout, calls: &[Call], plans: &[Plan], seq: u64) ->
         source,
     };
     for (r, (call, plan)) in calls.iter().zip(plans).enumerate() {
-        let steps = plan
-            .steps(ChannelId(0), Rank(r as u32), ring)
+        plan.steps(ChannelId(0), Rank(r as u32), ring)
             .map_err(machine_error)?;
-        Machine::new(
-            call.desc(seq),
-            steps,
-            layout.geometry(),
-            LinkState::default(),
-        )
-        .map_err(machine_error)?;
+        check_start(&call.desc(seq), plan, layout.geometry()).map_err(machine_error)?;
     }
     for r in (0..n).map(Rank) {
         let (Some(own), Some(prev)) = (

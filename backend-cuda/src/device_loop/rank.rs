@@ -21,7 +21,8 @@ use cudarc::nvrtc::Ptx;
 use ringcc_comm::launch::Launch;
 use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
 use ringcc_comm::store::Store;
-use ringcc_core::{Call, ChannelId, Collective, InOrderRing, LinkState, Machine, Rank, ReduceOp};
+use ringcc_core::prim::check_start;
+use ringcc_core::{Call, ChannelId, Collective, InOrderRing, Rank, ReduceOp};
 
 use super::abi::{self, RcStatus};
 use super::gpu::{loop_ptx, HostMapped, MIN_ARCH};
@@ -355,16 +356,10 @@ impl GpuRank {
                 self.config.chunk_bytes,
             )
             .map_err(Error::core("Plan::new"))?;
-        let steps = plan
-            .steps(ChannelId(0), self.rank, InOrderRing { ranks: self.world })
+        plan.steps(ChannelId(0), self.rank, InOrderRing { ranks: self.world })
             .map_err(Error::core("Plan::steps"))?;
-        Machine::new(
-            call.desc(self.seq),
-            steps,
-            self.config.geometry,
-            LinkState::default(),
-        )
-        .map_err(Error::core("Machine::new"))?;
+        check_start(&call.desc(self.seq), &plan, self.config.geometry)
+            .map_err(Error::core("Machine::new"))?;
         Ok(plan)
     }
 

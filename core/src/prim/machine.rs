@@ -5,7 +5,7 @@ use crate::fifo::{can_recv, can_send, slot_of, FifoGeometry, STEPS};
 use crate::id::{ChunkId, SlotIndex};
 use crate::log;
 use crate::math::div_up;
-use crate::plan::{CallDesc, Step, Steps};
+use crate::plan::{CallDesc, Plan, Step, Steps};
 use crate::prim::Primitive;
 use crate::topology::RingOrder;
 
@@ -267,6 +267,50 @@ pub struct Machine<M> {
     failure: Option<Error>,
 }
 
+/// Whether a machine for `call` could start on `plan` over a FIFO of
+/// `geometry`: the checks [`Machine::new`] makes before anything else,
+/// for a backend whose machines run elsewhere (a GPU's device loop) and
+/// that must refuse the call on the host first, with the same errors.
+pub fn check_start(call: &CallDesc, plan: &Plan, geometry: FifoGeometry) -> Result<(), Error> {
+    start_geometry(call, plan, geometry).map(|_| ())
+}
+
+/// [`check_start`], returning the elements per slice and the slots per
+/// slice.
+fn start_geometry(
+    call: &CallDesc,
+    plan: &Plan,
+    geometry: FifoGeometry,
+) -> Result<(u64, u32), Error> {
+    if call.collective != plan.collective()
+        || call.count != plan.count()
+        || call.dtype != plan.dtype()
+    {
+        return Err(Error::PlanMismatch);
+    }
+    let elem = call.dtype.size();
+    let slice_elems = geometry
+        .slice_bytes()
+        .checked_div(u64::from(elem))
+        .unwrap_or(0);
+    let slots_per_slice = u32::try_from(geometry.slots_per_slice()).unwrap_or(0);
+    if slice_elems == 0 || slots_per_slice == 0 {
+        return Err(Error::BadFifoGeometry);
+    }
+    // A send-only step (a ring's step 0) posts a whole chunk before the
+    // rank receives anything. If that fills the successor's FIFO on
+    // every rank at once, each rank waits for room that only its
+    // successor's send could make: deadlock. One free slice breaks it.
+    let chunk_bytes = plan.chunk_elems().saturating_mul(u64::from(elem));
+    if geometry.slices_per_chunk(chunk_bytes) > geometry.max_slices_per_chunk() {
+        return Err(Error::ChunkTooLargeForFifo {
+            chunk_bytes,
+            fifo_bytes: geometry.fifo_bytes(),
+        });
+    }
+    Ok((slice_elems, slots_per_slice))
+}
+
 impl<M: RingOrder> Machine<M> {
     /// A machine for `call`, walking `steps`.
     ///
@@ -278,33 +322,7 @@ impl<M: RingOrder> Machine<M> {
         geometry: FifoGeometry,
         link: LinkState,
     ) -> Result<Self, Error> {
-        let plan = steps.plan();
-        if call.collective != plan.collective()
-            || call.count != plan.count()
-            || call.dtype != plan.dtype()
-        {
-            return Err(Error::PlanMismatch);
-        }
-        let elem = call.dtype.size();
-        let slice_elems = geometry
-            .slice_bytes()
-            .checked_div(u64::from(elem))
-            .unwrap_or(0);
-        let slots_per_slice = u32::try_from(geometry.slots_per_slice()).unwrap_or(0);
-        if slice_elems == 0 || slots_per_slice == 0 {
-            return Err(Error::BadFifoGeometry);
-        }
-        // A send-only step (a ring's step 0) posts a whole chunk before the
-        // rank receives anything. If that fills the successor's FIFO on
-        // every rank at once, each rank waits for room that only its
-        // successor's send could make: deadlock. One free slice breaks it.
-        let chunk_bytes = plan.chunk_elems().saturating_mul(u64::from(elem));
-        if geometry.slices_per_chunk(chunk_bytes) > geometry.max_slices_per_chunk() {
-            return Err(Error::ChunkTooLargeForFifo {
-                chunk_bytes,
-                fifo_bytes: geometry.fifo_bytes(),
-            });
-        }
+        let (slice_elems, slots_per_slice) = start_geometry(&call, steps.plan(), geometry)?;
         let mut m = Machine {
             recv_tail: link.recv_tail,
             recv_next: link.recv_next,
@@ -316,7 +334,7 @@ impl<M: RingOrder> Machine<M> {
             slices: 0,
             slice: 0,
             slots_per_slice,
-            elem,
+            elem: call.dtype.size(),
             phase: Phase::Idle,
             has_current: false,
             header_ok: false,

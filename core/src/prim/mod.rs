@@ -99,7 +99,7 @@ impl core::fmt::Display for Primitive {
 
 mod machine;
 
-pub use machine::{Action, Blocked, Exec, LinkState, Machine, Next, SlotSpan};
+pub use machine::{check_start, Action, Blocked, Exec, LinkState, Machine, Next, SlotSpan};
 
 /// What a primitive produces for one slice, into `out`: `incoming ⊕ local`
 /// when it reduces (then [`finalize`](crate::reduce::finalize)d where the
