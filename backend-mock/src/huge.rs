@@ -44,6 +44,11 @@ unsafe impl<T: Sync> Sync for HugeSlice<T> {}
 
 /// The allocation of `len` values of `T`, if it needs one (none for no
 /// bytes).
+///
+/// The simulator's arrays are bounded by its validated configuration
+/// (at most `MAX_RANKS` × `MAX_CHANNELS` lanes of a few hundred bytes:
+/// well under 1 GiB), so the size cannot overflow from any input; the
+/// `expect`s state an invariant, as `Vec`'s own capacity overflow does.
 fn layout<T>(len: usize) -> Option<Layout> {
     let bytes = len.checked_mul(size_of::<T>()).expect("array too large");
     if bytes == 0 {

@@ -250,6 +250,9 @@ impl Lanes {
         let ranks = fab.ranks as usize;
         let all = HugeSlice::from_fn(ranks * per_rank, |_| Channel::new());
         let channels = all.as_ptr() as usize;
+        // `ClusterConfig::validate` keeps `per_rank` (the channels) at 1 or
+        // more, so the `ranks · per_rank` channels split into exactly
+        // `ranks` windows: one per engine below.
         let mut windows = all.split(per_rank).into_iter();
         let engines = HugeSlice::from_fn(ranks, |r| {
             let channels = windows.next().expect("a window per rank");
