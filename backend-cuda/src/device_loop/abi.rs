@@ -179,6 +179,31 @@ pub struct RcStatus {
     pub spare: u64,
 }
 
+impl RcStatus {
+    /// The record from its 16 words in order, `w(i)` being word `i` (as
+    /// the device writes them: the fields' order above).
+    pub fn from_words(w: impl Fn(usize) -> u64) -> RcStatus {
+        RcStatus {
+            code: w(0),
+            seq: w(1),
+            waiting: w(2),
+            seen: w(3),
+            need: w(4),
+            loop_index: w(5),
+            step_index: w(6),
+            slice: w(7),
+            got_seq: w(8),
+            got_count: w(9),
+            got_desc: w(10),
+            recv_next: w(11),
+            send_next: w(12),
+            own_count: w(13),
+            own_desc: w(14),
+            spare: w(15),
+        }
+    }
+}
+
 /// `rc_loop_args`: one rank's launch.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

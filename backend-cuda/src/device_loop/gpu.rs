@@ -353,28 +353,7 @@ impl LoopDevice {
             for c in 0..self.layout.channels() {
                 let base = self.status_word(Rank(r), ChannelId(c)) as usize;
                 let w = |i: usize| self.host.read(base + i);
-                out.push((
-                    Rank(r),
-                    ChannelId(c),
-                    RcStatus {
-                        code: w(0),
-                        seq: w(1),
-                        waiting: w(2),
-                        seen: w(3),
-                        need: w(4),
-                        loop_index: w(5),
-                        step_index: w(6),
-                        slice: w(7),
-                        got_seq: w(8),
-                        got_count: w(9),
-                        got_desc: w(10),
-                        recv_next: w(11),
-                        send_next: w(12),
-                        own_count: w(13),
-                        own_desc: w(14),
-                        spare: w(15),
-                    },
-                ));
+                out.push((Rank(r), ChannelId(c), RcStatus::from_words(w)));
             }
         }
         out
