@@ -115,7 +115,6 @@ impl Transport for ShmTransport {
         let seg = Segment::open(&name, job.token, job.geometry, job.deadline)?;
         Ok(Box::new(ShmSend {
             seg,
-            head_seen: 0,
             peer: PeerProcess::new(
                 "shm",
                 hop.receiver,
@@ -149,8 +148,6 @@ impl Transport for ShmTransport {
         seg.unlink()?;
         Ok(Box::new(ShmRecv {
             seg,
-            tail_seen: 0,
-            header_seen: 0,
             peer: PeerProcess::new(
                 "shm",
                 hop.sender,
@@ -166,9 +163,6 @@ impl Transport for ShmTransport {
 #[derive(Debug)]
 pub struct ShmRecv {
     seg: Segment,
-    tail_seen: u64,
-    /// The mailbox sequence (header step + 1) last reported.
-    header_seen: u64,
     peer: PeerProcess,
     /// The sender's bell, rung after returning credit.
     peer_bell: Bell,
@@ -177,21 +171,12 @@ pub struct ShmRecv {
 impl RecvEnd for ShmRecv {
     fn poll(&mut self) -> Result<Option<Event>> {
         let tail = self.seg.tail().load();
-        if tail > self.tail_seen {
-            self.peer.seen();
-            // The acquire load of `tail` makes the mailbox written before
-            // it visible.
-            let seq = self.seg.call_header_seq().load();
-            if seq != self.header_seen && seq != 0 && seq - 1 < tail {
-                self.header_seen = seq;
-                let bytes = self.seg.read_call_header();
-                return self.peer.header_event(seq, &bytes[..]).map(Some);
-            }
-            self.tail_seen = tail;
-            return Ok(Some(Event::Tail(tail)));
-        }
-        self.peer.idle_check()?;
-        Ok(None)
+        let seg = &self.seg;
+        self.peer.poll_tail(
+            tail,
+            || seg.call_header_seq().load(),
+            || seg.read_call_header(),
+        )
     }
 
     fn slot(&self, slot: SlotIndex, len: usize) -> Result<&[u8]> {
@@ -214,7 +199,6 @@ impl RecvEnd for ShmRecv {
 #[derive(Debug)]
 pub struct ShmSend {
     seg: Segment,
-    head_seen: u64,
     peer: PeerProcess,
     /// The receiver's bell, rung after posting `tail`.
     peer_bell: Bell,
@@ -223,13 +207,7 @@ pub struct ShmSend {
 impl SendEnd for ShmSend {
     fn poll(&mut self) -> Result<Option<Event>> {
         let head = self.seg.head().load();
-        if head > self.head_seen {
-            self.peer.seen();
-            self.head_seen = head;
-            return Ok(Some(Event::Head(head)));
-        }
-        self.peer.idle_check()?;
-        Ok(None)
+        self.peer.poll_head(head)
     }
 
     fn slot_mut(&mut self, slot: SlotIndex, len: usize) -> Result<&mut [u8]> {

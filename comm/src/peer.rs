@@ -50,6 +50,12 @@ pub struct PeerProcess {
     pub pid: Option<u32>,
     idle: u32,
     last_look: Instant,
+    /// A receiving end's last `tail` reported.
+    tail_seen: u64,
+    /// A receiving end's last mailbox sequence (header step + 1) reported.
+    header_seen: u64,
+    /// A sending end's last `head` reported.
+    head_seen: u64,
 }
 
 impl PeerProcess {
@@ -68,12 +74,53 @@ impl PeerProcess {
             pid,
             idle: 0,
             last_look: Instant::now(),
+            tail_seen: 0,
+            header_seen: 0,
+            head_seen: 0,
         }
     }
 
     /// The peer did something: the idle count starts over.
     pub fn seen(&mut self) {
         self.idle = 0;
+    }
+
+    /// A receiving end's next event, its FIFO's `tail` reading `tail`
+    /// (loaded with acquire, which makes the mailbox written before it
+    /// visible): the call header when the mailbox (`seq()`: its sequence
+    /// word, `header()`: its bytes) holds a new one for a step below
+    /// `tail`, else the new `tail`; none (after an idle look at the
+    /// peer's process) when nothing moved.
+    pub fn poll_tail<H: AsRef<[u8]>>(
+        &mut self,
+        tail: u64,
+        seq: impl FnOnce() -> u64,
+        header: impl FnOnce() -> H,
+    ) -> Result<Option<Event>> {
+        if tail > self.tail_seen {
+            self.seen();
+            let seq = seq();
+            if seq != self.header_seen && seq != 0 && seq - 1 < tail {
+                self.header_seen = seq;
+                return self.header_event(seq, header().as_ref()).map(Some);
+            }
+            self.tail_seen = tail;
+            return Ok(Some(Event::Tail(tail)));
+        }
+        self.idle_check()?;
+        Ok(None)
+    }
+
+    /// A sending end's next event, the receiver's `head` reading `head`:
+    /// the new `head`, or none (after an idle look at the peer's process).
+    pub fn poll_head(&mut self, head: u64) -> Result<Option<Event>> {
+        if head > self.head_seen {
+            self.seen();
+            self.head_seen = head;
+            return Ok(Some(Event::Head(head)));
+        }
+        self.idle_check()?;
+        Ok(None)
     }
 
     /// Counts an idle poll: on the first after news, and every

@@ -282,40 +282,24 @@ pub struct FifoView(Fifo);
 #[derive(Debug)]
 pub struct IpcRecv {
     inbox: Inbox,
-    tail_seen: u64,
-    header_seen: u64,
     peer: PeerProcess,
 }
 
 impl IpcRecv {
     pub(crate) fn new(inbox: Inbox, peer: PeerProcess) -> IpcRecv {
-        IpcRecv {
-            inbox,
-            tail_seen: 0,
-            header_seen: 0,
-            peer,
-        }
+        IpcRecv { inbox, peer }
     }
 }
 
 impl RecvEnd for IpcRecv {
     fn poll(&mut self) -> Result<Option<Event>> {
         let tail = self.inbox.fifo.tail().load();
-        if tail > self.tail_seen {
-            self.peer.seen();
-            // The acquire load of `tail` made the mailbox written before
-            // it visible.
-            let seq = self.inbox.fifo.counter(MAILBOX_SEQ).load();
-            if seq != self.header_seen && seq != 0 && seq - 1 < tail {
-                self.header_seen = seq;
-                let bytes = self.inbox.fifo.read_header();
-                return self.peer.header_event(seq, &bytes[..]).map(Some);
-            }
-            self.tail_seen = tail;
-            return Ok(Some(Event::Tail(tail)));
-        }
-        self.peer.idle_check()?;
-        Ok(None)
+        let fifo = &self.inbox.fifo;
+        self.peer.poll_tail(
+            tail,
+            || fifo.counter(MAILBOX_SEQ).load(),
+            || fifo.read_header(),
+        )
     }
 
     fn slot(&self, slot: SlotIndex, len: usize) -> Result<&[u8]> {
@@ -339,7 +323,6 @@ pub struct IpcSend {
     // Field order: the view before the memory it points into.
     fifo: Fifo,
     _memory: ImportedMemory,
-    head_seen: u64,
     peer: PeerProcess,
 }
 
@@ -348,7 +331,6 @@ impl IpcSend {
         IpcSend {
             fifo: view.0,
             _memory: memory,
-            head_seen: 0,
             peer,
         }
     }
@@ -357,13 +339,7 @@ impl IpcSend {
 impl SendEnd for IpcSend {
     fn poll(&mut self) -> Result<Option<Event>> {
         let head = self.fifo.head().load();
-        if head > self.head_seen {
-            self.peer.seen();
-            self.head_seen = head;
-            return Ok(Some(Event::Head(head)));
-        }
-        self.peer.idle_check()?;
-        Ok(None)
+        self.peer.poll_head(head)
     }
 
     fn slot_mut(&mut self, slot: SlotIndex, len: usize) -> Result<&mut [u8]> {
