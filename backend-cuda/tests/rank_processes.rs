@@ -231,6 +231,35 @@ fn kind(e: &Error) -> &'static str {
     }
 }
 
+/// [`suite_calls`], each out of place and every `in_place_every`-th in
+/// place too, checked; the number of calls, or `BadConfig` naming none
+/// but printing the wrong ones.
+fn checked_suite(rc: &RankComm, ranks: u32, in_place_every: usize) -> Result<usize, Error> {
+    let calls = suite_calls(ranks);
+    let mut wrong = Vec::new();
+    for (k, call) in calls.iter().enumerate() {
+        for in_place in [false, true] {
+            if in_place && k % in_place_every != 0 {
+                continue;
+            }
+            let ok = run_checked(rc, call, k, in_place).map_err(|source| Error::Comm {
+                call: "collective",
+                source,
+            })?;
+            if !ok {
+                wrong.push(format!("{call:?} in place {in_place}"));
+            }
+        }
+    }
+    if !wrong.is_empty() {
+        println!("WRONG {wrong:?}");
+        return Err(Error::BadConfig {
+            what: "wrong results",
+        });
+    }
+    Ok(calls.len())
+}
+
 /// One rank's run of `suite`; `Ok` with a summary line.
 fn rank_main(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Error> {
     let t0 = Instant::now();
@@ -283,23 +312,9 @@ fn rank_main(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String,
                     what: "a hop of one node not on cuda-ipc",
                 });
             }
-            let calls = suite_calls(ranks);
-            let mut wrong = Vec::new();
-            for (k, call) in calls.iter().enumerate() {
-                for in_place in [false, true] {
-                    if !run_checked(&rc, call, k, in_place).map_err(comm_err)? {
-                        wrong.push(format!("{call:?} in place {in_place}"));
-                    }
-                }
-            }
-            if !wrong.is_empty() {
-                println!("WRONG {wrong:?}");
-                return Err(Error::BadConfig {
-                    what: "wrong results",
-                });
-            }
+            let n = checked_suite(&rc, ranks, 1)?;
             rc.close()?;
-            Ok(format!("{} calls twice, hops {hops}", calls.len()))
+            Ok(format!("{n} calls twice, hops {hops}"))
         }
         "two-nodes" => {
             // Inside a node CUDA IPC, between the nodes TCP (the fake
@@ -316,26 +331,9 @@ fn rank_main(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String,
                     what: "two nodes' hops not cuda-ipc inside and tcp between",
                 });
             }
-            let calls = suite_calls(ranks);
-            let mut wrong = Vec::new();
-            for (k, call) in calls.iter().enumerate() {
-                for in_place in [false, true] {
-                    if in_place && k % 3 != 0 {
-                        continue;
-                    }
-                    if !run_checked(&rc, call, k, in_place).map_err(comm_err)? {
-                        wrong.push(format!("{call:?} in place {in_place}"));
-                    }
-                }
-            }
-            if !wrong.is_empty() {
-                println!("WRONG {wrong:?}");
-                return Err(Error::BadConfig {
-                    what: "wrong results",
-                });
-            }
+            let n = checked_suite(&rc, ranks, 3)?;
             rc.close()?;
-            Ok(format!("{} calls, hops {hops:?}", calls.len()))
+            Ok(format!("{n} calls, hops {hops:?}"))
         }
         "killed" => {
             let call = Call::all_reduce(1 << 18, DataType::F32, ReduceOp::Sum);
