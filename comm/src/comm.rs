@@ -15,7 +15,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::launch::Launch;
 use crate::options::Options;
-use crate::store::tcp::{TcpStore, TcpStoreServer};
+use crate::store::tcp::TcpStoreServer;
 use crate::store::{abort as notice, PrefixStore, Store, ABORT_KEY};
 use crate::transport::{PeerInfo, Transport};
 use crate::work::{lock, Job, Queue, RawBufs, Work};
@@ -225,23 +225,7 @@ impl Communicator {
         options: Options,
         transports: Transports,
     ) -> Result<Communicator> {
-        let server = if launch.rank == Rank(0) {
-            let bind = resolve(&launch.addr)?;
-            Some(TcpStoreServer::start(
-                bind,
-                &launch.token,
-                launch.world_size,
-            )?)
-        } else {
-            None
-        };
-        let store = TcpStore::connect(
-            &launch.addr,
-            &launch.token,
-            launch.rank,
-            launch.world_size,
-            options.timeout,
-        )?;
+        let (server, store) = launch.join_store(options.timeout)?;
         let mut c = Communicator::new(
             launch.rank,
             launch.world_size,

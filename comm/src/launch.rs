@@ -99,6 +99,29 @@ impl Launch {
         Launch::from_vars(|k| std::env::var(k).ok())
     }
 
+    /// The job's built-in store: rank 0 serves it at the launch address
+    /// (on that address, not on every interface) and every rank connects
+    /// with the job token, waiting up to `timeout`. The server (rank 0's,
+    /// else `None`) must outlive every use of the store.
+    pub fn join_store(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<(
+        Option<crate::store::tcp::TcpStoreServer>,
+        crate::store::tcp::TcpStore,
+    )> {
+        use crate::store::tcp::{TcpStore, TcpStoreServer};
+        let server = if self.rank == Rank(0) {
+            let bind = crate::resolve(&self.addr)?;
+            Some(TcpStoreServer::start(bind, &self.token, self.world_size)?)
+        } else {
+            None
+        };
+        let store =
+            TcpStore::connect(&self.addr, &self.token, self.rank, self.world_size, timeout)?;
+        Ok((server, store))
+    }
+
     /// Reads variables through `get` (the environment, or a test's map).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch> {
         let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());

@@ -19,7 +19,7 @@ use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaSlice, C
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ringcc_comm::launch::Launch;
-use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
+use ringcc_comm::store::tcp::TcpStoreServer;
 use ringcc_comm::store::Store;
 use ringcc_core::prim::check_start;
 use ringcc_core::{Call, ChannelId, Collective, InOrderRing, Rank, ReduceOp};
@@ -207,23 +207,9 @@ impl GpuRank {
     pub fn from_launch(launch: Launch, ordinal: usize, config: Config) -> Result<GpuRank> {
         config.validate()?;
         driver::probe()?;
-        let server = if launch.rank == Rank(0) {
-            let bind = ringcc_comm::resolve(&launch.addr).map_err(Error::comm("resolve"))?;
-            Some(
-                TcpStoreServer::start(bind, &launch.token, launch.world_size)
-                    .map_err(Error::comm("TcpStoreServer::start"))?,
-            )
-        } else {
-            None
-        };
-        let store = TcpStore::connect(
-            &launch.addr,
-            &launch.token,
-            launch.rank,
-            launch.world_size,
-            config.timeout,
-        )
-        .map_err(Error::comm("TcpStore::connect"))?;
+        let (server, store) = launch
+            .join_store(config.timeout)
+            .map_err(Error::comm("Launch::join_store"))?;
         let mut g = Self::init(
             ordinal,
             launch.rank,
