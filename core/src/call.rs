@@ -103,6 +103,124 @@ impl core::fmt::Display for Collective {
     }
 }
 
+/// How a collective's data travels between ranks (NCCL's `NCCL_ALGO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Algorithm {
+    /// Every channel a ring through all ranks: bandwidth-optimal, latency
+    /// linear in the rank count.
+    Ring,
+    /// NCCL's double binary tree across nodes with a chain inside each
+    /// node (AllReduce only): latency logarithmic in the node count.
+    Tree,
+}
+
+impl Algorithm {
+    /// Every algorithm, in code order.
+    pub const ALL: [Algorithm; 2] = [Algorithm::Ring, Algorithm::Tree];
+
+    /// NCCL's spelling (`Ring`, `Tree`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "Ring",
+            Algorithm::Tree => "Tree",
+        }
+    }
+
+    /// A code for the wire: 0 ring, 1 tree.
+    pub const fn code(self) -> u8 {
+        match self {
+            Algorithm::Ring => 0,
+            Algorithm::Tree => 1,
+        }
+    }
+
+    /// The inverse of [`Algorithm::code`].
+    pub const fn from_code(code: u8) -> Result<Algorithm, Error> {
+        match code {
+            0 => Ok(Algorithm::Ring),
+            1 => Ok(Algorithm::Tree),
+            c => Err(Error::UnknownCode(c)),
+        }
+    }
+
+    /// Parses a name, ignoring ASCII case (`ring`, `Tree`); `None` for
+    /// anything else.
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(name.trim()))
+    }
+}
+
+impl core::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a connection's slots carry data and say it has arrived (NCCL's
+/// `NCCL_PROTO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Protocol {
+    /// 8-byte lines of 4 bytes of data and a 4-byte flag: the receiver
+    /// polls the flags, no separate tail; lowest latency, half the
+    /// bandwidth.
+    Ll,
+    /// 128-byte lines of 120 bytes of data and an 8-byte flag.
+    Ll128,
+    /// Whole slices followed by a tail counter: full bandwidth.
+    Simple,
+}
+
+impl Protocol {
+    /// Every protocol, in code order.
+    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+
+    /// NCCL's spelling (`LL`, `LL128`, `Simple`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+
+    /// A code for the wire: 0 LL, 1 LL128, 2 Simple.
+    pub const fn code(self) -> u8 {
+        match self {
+            Protocol::Ll => 0,
+            Protocol::Ll128 => 1,
+            Protocol::Simple => 2,
+        }
+    }
+
+    /// The inverse of [`Protocol::code`].
+    pub const fn from_code(code: u8) -> Result<Protocol, Error> {
+        match code {
+            0 => Ok(Protocol::Ll),
+            1 => Ok(Protocol::Ll128),
+            2 => Ok(Protocol::Simple),
+            c => Err(Error::UnknownCode(c)),
+        }
+    }
+
+    /// Parses a name, ignoring ASCII case (`ll`, `LL128`, `simple`);
+    /// `None` for anything else.
+    pub fn parse(name: &str) -> Option<Protocol> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(name.trim()))
+    }
+}
+
+impl core::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Everything that must agree across ranks for one collective call: the
 /// fingerprint that travels at the head of every connection's first message
 /// and is compared by the receiver.
@@ -304,5 +422,21 @@ mod tests {
         assert_eq!(rs.in_place_offsets(3), (0, 30));
         assert_eq!(ag.in_place_offsets(2), (20, 0));
         assert_eq!(r.in_place_offsets(3), (0, 0));
+    }
+
+    #[test]
+    fn algorithm_and_protocol_names_and_codes_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::from_code(a.code()), Ok(a));
+            assert_eq!(Algorithm::parse(&a.name().to_ascii_lowercase()), Some(a));
+        }
+        for p in Protocol::ALL {
+            assert_eq!(Protocol::from_code(p.code()), Ok(p));
+            assert_eq!(Protocol::parse(&p.name().to_ascii_uppercase()), Some(p));
+        }
+        assert_eq!(Algorithm::from_code(2), Err(Error::UnknownCode(2)));
+        assert_eq!(Protocol::from_code(3), Err(Error::UnknownCode(3)));
+        assert_eq!(Protocol::parse("LL12"), None);
+        assert_eq!(Algorithm::parse(""), None);
     }
 }

@@ -87,7 +87,7 @@ pub mod topology;
 pub mod verify;
 pub mod wire;
 
-pub use call::Call;
+pub use call::{Algorithm, Call, Protocol};
 pub use error::{Error, ProtocolViolation, Result};
 pub use id::{ChannelId, ChunkId, NicId, NodeId, Rank, RingIndex, SlotIndex};
 pub use plan::{CallDesc, Collective, Plan, Step};
