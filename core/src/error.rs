@@ -64,6 +64,13 @@ pub enum Error {
     },
     /// An unknown data type or reduction operation code.
     UnknownCode(u8),
+    /// An `RINGCC_ALGO` / `RINGCC_PROTO` list (NCCL_ALGO / NCCL_PROTO
+    /// syntax) names something that is not an algorithm or protocol, or
+    /// is empty.
+    BadTuningList,
+    /// No algorithm x protocol is left to run a call: the overrides and
+    /// what the backend can run exclude every candidate.
+    NoTuningCandidate,
     /// The predecessor's first message of the collective describes a
     /// different call than ours (different sequence number, collective,
     /// count, data type, op or root): the ranks were called inconsistently.
@@ -142,6 +149,12 @@ impl core::fmt::Display for Error {
                 "reduction buffers differ in length or are not whole elements ({dst} B vs {src} B)"
             ),
             Error::UnknownCode(c) => write!(f, "unknown data type or operation code {c}"),
+            Error::BadTuningList => f.write_str(
+                "bad algorithm/protocol list: expected names like `Ring,Tree` or `^LL` (NCCL_ALGO / NCCL_PROTO syntax)",
+            ),
+            Error::NoTuningCandidate => f.write_str(
+                "no algorithm x protocol left: the overrides exclude everything this backend can run",
+            ),
             Error::MismatchedCall { expected, got } => write!(
                 f,
                 "mismatched call across ranks: this rank called {expected}, its predecessor called {got}"
