@@ -23,10 +23,6 @@
 //!   both neighbours made the same call (a [`CallDesc`]
 //!   header on every connection's first message), and finishes only when
 //!   everything it sent was consumed.
-//! - [`line`] is how a slot carries its data under each
-//!   [`Protocol`]: Simple's plain bytes, LL's 8-byte units and LL128's
-//!   128-byte lines that carry their own arrival flag, and each
-//!   protocol's FIFO geometry (NCCL's numbers).
 //! - [`fifo`] is the flow control itself: 8 slots per connection, `head` and
 //!   `tail` step counters, and a shared-memory FIFO built on the [`sync`]
 //!   shim's atomics, model-checked with loom.
@@ -38,10 +34,6 @@
 //!   in any order and counts wrong output elements (`#wrong`).
 //! - [`cost`] is the alpha-beta model (`latency + bytes / bandwidth`) and
 //!   nccl-tests' `algbw` / `busbw`.
-//! - [`tree`] builds NCCL's double binary tree across nodes with a chain
-//!   inside each node, and the tree AllReduce's schedule (reduce up,
-//!   broadcast down, pipelined by chunk), which [`prim::TreeMachine`] walks
-//!   with one connection up and up to three down.
 //! - [`progress`] is the drive loop, written once: one rank's call over
 //!   all its channels ([`Engine`]): events in, actions out, time passed in,
 //!   sequence numbers, counters carried between calls, poisoning, the
@@ -84,7 +76,6 @@ pub mod driver;
 pub mod error;
 pub mod fifo;
 pub mod id;
-pub mod line;
 pub mod plan;
 pub mod prim;
 pub mod progress;
@@ -93,7 +84,6 @@ pub mod reduce;
 pub mod rng;
 pub mod sync;
 pub mod topology;
-pub mod tree;
 pub mod tune;
 pub mod verify;
 pub mod wire;
@@ -106,4 +96,3 @@ pub use prim::{Action, Blocked, Exec, LinkState, Machine, Primitive};
 pub use progress::{Engine, EngineError, Event, Stall};
 pub use reduce::{DataType, ReduceOp};
 pub use topology::{HopKind, InOrderRing, Ring, RingOrder, Topology, MAX_RANKS};
-pub use tree::{Tree, TreeOrder, TreePeers, TreePlan, UniformTree};
