@@ -23,6 +23,10 @@
 //!   both neighbours made the same call (a [`CallDesc`]
 //!   header on every connection's first message), and finishes only when
 //!   everything it sent was consumed.
+//! - [`line`] is how a slot carries its data under each
+//!   [`Protocol`]: Simple's plain bytes, LL's 8-byte units and LL128's
+//!   128-byte lines that carry their own arrival flag, and each
+//!   protocol's FIFO geometry (NCCL's numbers).
 //! - [`fifo`] is the flow control itself: 8 slots per connection, `head` and
 //!   `tail` step counters, and a shared-memory FIFO built on the [`sync`]
 //!   shim's atomics, model-checked with loom.
@@ -76,6 +80,7 @@ pub mod driver;
 pub mod error;
 pub mod fifo;
 pub mod id;
+pub mod line;
 pub mod plan;
 pub mod prim;
 pub mod progress;
