@@ -3,6 +3,7 @@
 
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::wire::segment::PathMtu;
+use ringcc_core::Protocol;
 
 use crate::error::Error;
 use crate::faults::Faults;
@@ -94,6 +95,202 @@ impl RnicModel {
     }
 }
 
+/// One protocol's hop latencies, seconds: from a slice's last byte leaving
+/// to the receiver seeing it, over NVLink and over a NIC port (the
+/// doorbell latency comes on top of the latter).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HopLatency {
+    /// Over NVLink.
+    pub nvlink: f64,
+    /// Over a NIC port and the switch.
+    pub nic: f64,
+}
+
+/// What makes the simulator predict real clusters, not only schedules:
+/// link efficiencies, a per-channel throughput limit, the low-latency
+/// protocols' hop latencies and a per-message NIC overhead.
+///
+/// The default changes nothing (efficiency 1, no channel limit, no
+/// overhead), so that runs without calibration keep their event logs;
+/// the presets ([`Preset`]) set figures taken from public sources.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    /// Share of the NVLink line rate a ring's stores reach (NCCL's Ring
+    /// gets ~82 % on NVLink4: 370 of 450 GB/s). Default 1.
+    pub nvlink_efficiency: f64,
+    /// Share of a NIC port's line rate data reaches after what the frame
+    /// model already counts (headers, ICRC). Default 1.
+    pub nic_efficiency: f64,
+    /// The most one channel (one thread block) moves per second, bytes;
+    /// infinite for no limit (the default).
+    pub channel_bandwidth: f64,
+    /// Hop latencies under LL: the data carries its own flag, so the
+    /// receiver sees it as it lands, with no separate tail write.
+    pub ll: HopLatency,
+    /// Hop latencies under LL128.
+    pub ll128: HopLatency,
+    /// Extra time a NIC port spends on every message (work-request
+    /// processing that does not overlap the wire), seconds. Default 0.
+    pub nic_message_overhead: f64,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            nvlink_efficiency: 1.0,
+            nic_efficiency: 1.0,
+            channel_bandwidth: f64::INFINITY,
+            // NCCL's hwLat for Ring LL / LL128 (tuning.cc): NVLink 0.6 /
+            // 1.9 µs, network 2.7 / 4.0 µs.
+            ll: HopLatency {
+                nvlink: 0.6e-6,
+                nic: 2.7e-6,
+            },
+            ll128: HopLatency {
+                nvlink: 1.9e-6,
+                nic: 4.0e-6,
+            },
+            nic_message_overhead: 0.0,
+        }
+    }
+}
+
+impl Calibration {
+    /// Bytes on the wire per data byte under `p`, as a fraction: LL sends
+    /// 8-byte lines of 4 data bytes (2/1), LL128 128-byte lines of 120
+    /// (16/15), Simple the data (1/1).
+    pub fn wire_factor(p: Protocol) -> (u64, u64) {
+        match p {
+            Protocol::Ll => (2, 1),
+            Protocol::Ll128 => (16, 15),
+            Protocol::Simple => (1, 1),
+        }
+    }
+}
+
+/// Common nodes, so that a user need not know their figures. A preset
+/// sets a [`ClusterConfig`]'s shape, links and calibration; the CLI's
+/// explicit flags override it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// DGX H100 / HGX H100: 8 GPUs on NVLink4 (450 GB/s per GPU per
+    /// direction), 8 ConnectX-7 NDR 400 Gb/s NICs.
+    DgxH100,
+    /// DGX A100: 8 GPUs on NVLink3 (300 GB/s per direction), 8 HDR
+    /// 200 Gb/s NICs.
+    DgxA100,
+    /// AWS p5.48xlarge: 8 H100 on NVLink4, 32 EFA interfaces of 100 Gb/s
+    /// (3200 Gb/s per instance), modelled as 8 ports of 400 Gb/s.
+    P5Efa,
+}
+
+impl Preset {
+    /// Every preset.
+    pub const ALL: [Preset; 3] = [Preset::DgxH100, Preset::DgxA100, Preset::P5Efa];
+
+    /// The CLI's name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Preset::DgxH100 => "dgx-h100",
+            Preset::DgxA100 => "dgx-a100",
+            Preset::P5Efa => "p5-efa",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<Preset> {
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// The preset's configuration for `nodes` nodes (timing-only).
+    ///
+    /// Where the figures come from (also in the README's "Tuning and the
+    /// calibrated simulator"):
+    /// - NVLink line rates: NVIDIA's H100 / A100 datasheets (900 / 600 GB/s
+    ///   bidirectional per GPU: 450 / 300 each way).
+    /// - NVLink efficiency 0.82: NCCL's maintainers (nccl-tests issue
+    ///   #212: "with the protocol overhead (~20%) NCCL can get an
+    ///   effective NVLink bandwidth of 370GB/s" of 450).
+    /// - NIC efficiency 0.96: nccl-tests issue #290 ("For NDR @ 400Gbps
+    ///   you should see 46-48GB/s per NIC"); the frame model already
+    ///   takes ~2 % for RoCE headers.
+    /// - Channels and the per-channel limit: NCCL's Hopper ring uses 16+
+    ///   channels at ~24 GB/s each (its sm_90 intra-node search speeds
+    ///   reach 24-40 GB/s per channel), Ampere ~20 GB/s (NCCL's
+    ///   `perChMaxRingLL128Bws` for Ampere: 20).
+    /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19).
+    /// - EFA: AWS's p5 documentation (3200 Gb/s per instance); an SRD
+    ///   message costs more than an InfiniBand write (libfabric + the
+    ///   OFI plugin's proxy), taken as 2 µs more per hop.
+    pub fn config(self, nodes: u32) -> ClusterConfig {
+        let base = ClusterConfig {
+            nodes,
+            gpus_per_node: 8,
+            nics_per_node: 8,
+            ..ClusterConfig::default()
+        };
+        match self {
+            Preset::DgxH100 | Preset::P5Efa => {
+                let efa = self == Preset::P5Efa;
+                ClusterConfig {
+                    channels: 16,
+                    nvlink: LinkModel {
+                        latency: 1e-6,
+                        bandwidth: 450e9,
+                    },
+                    nic: LinkModel {
+                        latency: if efa { 7e-6 } else { 5e-6 },
+                        bandwidth: 50e9,
+                    },
+                    calibration: Calibration {
+                        nvlink_efficiency: 0.82,
+                        nic_efficiency: 0.96,
+                        channel_bandwidth: 24e9,
+                        ll: HopLatency {
+                            nvlink: 0.3e-6,
+                            nic: if efa { 5e-6 } else { 3e-6 },
+                        },
+                        ll128: HopLatency {
+                            nvlink: 1.0e-6,
+                            nic: if efa { 6e-6 } else { 4e-6 },
+                        },
+                        nic_message_overhead: if efa { 1e-6 } else { 0.0 },
+                    },
+                    ..base
+                }
+            }
+            Preset::DgxA100 => ClusterConfig {
+                channels: 16,
+                nvlink: LinkModel {
+                    latency: 1e-6,
+                    bandwidth: 300e9,
+                },
+                nic: LinkModel {
+                    latency: 5e-6,
+                    bandwidth: 25e9,
+                },
+                calibration: Calibration {
+                    nvlink_efficiency: 0.82,
+                    nic_efficiency: 0.96,
+                    channel_bandwidth: 20e9,
+                    ll: HopLatency {
+                        nvlink: 0.3e-6,
+                        nic: 3e-6,
+                    },
+                    ll128: HopLatency {
+                        nvlink: 1.0e-6,
+                        nic: 4e-6,
+                    },
+                    nic_message_overhead: 0.0,
+                },
+                ..base
+            },
+        }
+    }
+}
+
 /// A simulated cluster.
 ///
 /// The default is two DGX-like nodes (8 GPUs and 8 NICs each) with 8
@@ -125,6 +322,11 @@ pub struct ClusterConfig {
     pub control: LinkModel,
     /// GPU compute.
     pub gpu: GpuModel,
+    /// Efficiencies, limits and protocol latencies ([`Calibration`]).
+    pub calibration: Calibration,
+    /// The protocol the run's slots carry (timing-only mode for LL and
+    /// LL128: in payload mode the engine moves Simple slices).
+    pub protocol: Protocol,
     /// RNIC behaviour.
     pub rnic: RnicModel,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
@@ -168,6 +370,8 @@ impl Default for ClusterConfig {
                 bandwidth: 1e9,
             },
             gpu: GpuModel::default(),
+            calibration: Calibration::default(),
+            protocol: Protocol::Simple,
             rnic: RnicModel::default(),
             mtu: 4096,
             payload: false,
@@ -305,6 +509,47 @@ impl ClusterConfig {
             return Err(bad(
                 "packet capture needs payload mode: timing-only mode simulates no packets",
             ));
+        }
+        let k = &self.calibration;
+        for (name, e) in [("NVLink", k.nvlink_efficiency), ("NIC", k.nic_efficiency)] {
+            if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+                return Err(bad(format!("{name} efficiency {e} must be in (0, 1]")));
+            }
+        }
+        check_rate(
+            "NVLink (with its efficiency)",
+            self.nvlink.bandwidth * k.nvlink_efficiency,
+        )?;
+        check_rate(
+            "NIC (with its efficiency)",
+            self.nic.bandwidth * k.nic_efficiency,
+        )?;
+        if k.channel_bandwidth != f64::INFINITY {
+            if k.channel_bandwidth.is_nan() || k.channel_bandwidth <= 0.0 {
+                return Err(bad(
+                    "channel bandwidth must be positive (or infinite: no limit)",
+                ));
+            }
+            check_rate("channel", k.channel_bandwidth)?;
+        }
+        for (name, l) in [
+            ("LL NVLink", k.ll.nvlink),
+            ("LL NIC", k.ll.nic),
+            ("LL128 NVLink", k.ll128.nvlink),
+            ("LL128 NIC", k.ll128.nic),
+            ("NIC message overhead", k.nic_message_overhead),
+        ] {
+            if !(l.is_finite() && l >= 0.0) {
+                return Err(bad(format!(
+                    "{name} latency must be non-negative and finite"
+                )));
+            }
+        }
+        if self.payload && self.protocol != Protocol::Simple {
+            return Err(bad(format!(
+                "payload mode moves the engine's Simple slices; {} runs timing-only",
+                self.protocol
+            )));
         }
         self.faults.validate(self)?;
         Ok(())

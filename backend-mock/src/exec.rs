@@ -53,6 +53,17 @@ impl Sim {
         let mut done = now
             .saturating_add(self.time.gpu_overhead)
             .saturating_add(self.time.gpu_rate.time(touched * bytes));
+        // A channel is one thread block: what it can push per second is
+        // bounded whatever the link could take.
+        let wire = self.time.wire_bytes(bytes);
+        let channel_end = match self.time.channel_rate {
+            Some(r) => {
+                let end = now.saturating_add(r.time(wire));
+                done = done.max(end);
+                end
+            }
+            None => 0,
+        };
         if let Some(span) = e.send {
             match t.hop {
                 Hop::Nvlink { link } => {
@@ -61,7 +72,8 @@ impl Sim {
                         self.lanes.cold[succ as usize].mailbox = Some((span.step, h));
                     }
                     let res = &mut self.fab.links[link as usize];
-                    let (start, end) = res.reserve(now, bytes);
+                    let (start, end) = res.reserve(now, wire);
+                    let end = end.max(channel_end);
                     let arrive = end.saturating_add(res.latency);
                     done = done.max(end);
                     if self.trace.on {

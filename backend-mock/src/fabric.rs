@@ -202,7 +202,10 @@ impl Fabric {
                         node: NodeId(node),
                         nic: NicId(nic),
                     },
-                    &cfg.nic,
+                    &LinkModel {
+                        bandwidth: cfg.nic.bandwidth * cfg.calibration.nic_efficiency,
+                        ..cfg.nic
+                    },
                 ));
             }
         }
@@ -241,7 +244,11 @@ impl Fabric {
                                     from: Rank(r),
                                     to: Rank(next),
                                 },
-                                &cfg.nvlink,
+                                &LinkModel {
+                                    bandwidth: cfg.nvlink.bandwidth
+                                        * cfg.calibration.nvlink_efficiency,
+                                    ..cfg.nvlink
+                                },
                             ));
                         }
                         Hop::Nvlink { link }

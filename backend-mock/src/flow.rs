@@ -44,7 +44,8 @@ impl Sim {
         let elem = self.run.elem[t.rank as usize];
         let bytes = e.count.saturating_mul(elem);
         let mtu = self.cfg.mtu;
-        let mut wire = write_wire_bytes(bytes, mtu, true);
+        let mut wire = write_wire_bytes(self.time.wire_bytes(bytes), mtu, true)
+            .saturating_add(self.time.nic_overhead_bytes);
         if e.header.is_some() {
             wire += write_wire_bytes(CALL_HEADER_LEN as u64, mtu, false);
         }

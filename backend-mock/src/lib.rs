@@ -114,7 +114,8 @@ mod trace;
 use std::io::{self, Write};
 
 pub use config::{
-    ClusterConfig, GpuModel, LinkModel, RnicModel, MAX_BANDWIDTH, MAX_RANKS, MIN_BANDWIDTH,
+    Calibration, ClusterConfig, GpuModel, HopLatency, LinkModel, Preset, RnicModel, MAX_BANDWIDTH,
+    MAX_RANKS, MIN_BANDWIDTH,
 };
 pub use error::Error;
 pub use fabric::LinkKind;
@@ -227,6 +228,13 @@ impl Cluster {
     /// Whether a failed run aborted the communicator.
     pub fn is_aborted(&self) -> bool {
         self.sim.aborted.is_some()
+    }
+
+    /// Switches the protocol later runs carry (timing-only mode): link
+    /// latencies and wire bytes follow it. Fails in payload mode for
+    /// anything but Simple.
+    pub fn set_protocol(&mut self, protocol: ringcc_core::Protocol) -> Result<(), Error> {
+        self.sim.set_protocol(protocol)
     }
 
     /// Counters, per-link traffic and the event-log hash, as of the end

@@ -103,6 +103,12 @@ pub(crate) struct Timing {
     pub deadline: Ps,
     /// The control network's latency (aborts).
     pub control: Ps,
+    /// Wire bytes per data byte of the run's protocol, as a fraction.
+    pub wire: (u64, u64),
+    /// One channel's throughput limit, if any.
+    pub channel_rate: Option<Rate>,
+    /// A NIC message's fixed overhead, as bytes of its port's time.
+    pub nic_overhead_bytes: u64,
 }
 
 impl Timing {
@@ -116,6 +122,24 @@ impl Timing {
             rnr_delay: ps(cfg.rnic.rnr_delay),
             deadline: ps(cfg.deadline),
             control: ps(cfg.control.latency),
+            wire: crate::config::Calibration::wire_factor(cfg.protocol),
+            channel_rate: (cfg.calibration.channel_bandwidth != f64::INFINITY)
+                .then(|| Rate::new(cfg.calibration.channel_bandwidth)),
+            nic_overhead_bytes: (cfg.calibration.nic_message_overhead
+                * cfg.nic.bandwidth
+                * cfg.calibration.nic_efficiency)
+                .round() as u64,
+        }
+    }
+
+    /// `bytes` of data as bytes on a link under the run's protocol.
+    #[inline(always)]
+    pub fn wire_bytes(&self, bytes: u64) -> u64 {
+        let (num, den) = self.wire;
+        if num == den {
+            bytes
+        } else {
+            bytes.saturating_mul(num).div_ceil(den.max(1))
         }
     }
 }
@@ -134,6 +158,34 @@ fn bucket_shift(lanes: usize) -> u32 {
 }
 
 impl Sim {
+    /// Switches the protocol of later runs: the links' latencies and the
+    /// wire factor follow it.
+    pub fn set_protocol(&mut self, protocol: ringcc_core::Protocol) -> Result<(), Error> {
+        let mut cfg = self.cfg.clone();
+        cfg.protocol = protocol;
+        cfg.validate()?;
+        self.cfg.protocol = protocol;
+        self.apply_protocol();
+        Ok(())
+    }
+
+    fn apply_protocol(&mut self) {
+        use ringcc_core::Protocol;
+        let k = &self.cfg.calibration;
+        let (nvlink, nic) = match self.cfg.protocol {
+            Protocol::Simple => (self.cfg.nvlink.latency, self.cfg.nic.latency),
+            Protocol::Ll => (k.ll.nvlink, k.ll.nic),
+            Protocol::Ll128 => (k.ll128.nvlink, k.ll128.nic),
+        };
+        for l in &mut self.fab.links {
+            l.latency = match l.kind {
+                crate::fabric::LinkKind::NvLink { .. } => ps(nvlink),
+                crate::fabric::LinkKind::NicTx { .. } => ps(nic),
+            };
+        }
+        self.time.wire = crate::config::Calibration::wire_factor(self.cfg.protocol);
+    }
+
     pub fn new(cfg: ClusterConfig) -> Result<Sim, Error> {
         cfg.validate()?;
         let fab = Fabric::build(&cfg)?;
@@ -162,6 +214,9 @@ impl Sim {
             fab,
             cfg,
         };
+        if sim.cfg.protocol != ringcc_core::Protocol::Simple {
+            sim.apply_protocol();
+        }
         if sim.cfg.payload {
             sim.setup_payload()?;
         }
