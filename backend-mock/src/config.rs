@@ -2,6 +2,7 @@
 //! RNICs, its faults, and what to record.
 
 use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::tune::{Capabilities, GpuGen, Hardware, Tuner};
 use ringcc_core::wire::segment::PathMtu;
 use ringcc_core::Protocol;
 
@@ -263,6 +264,7 @@ impl Preset {
             }
             Preset::DgxA100 => ClusterConfig {
                 channels: 16,
+                gpu_gen: GpuGen::Ampere,
                 nvlink: LinkModel {
                     latency: 1e-6,
                     bandwidth: 300e9,
@@ -324,6 +326,8 @@ pub struct ClusterConfig {
     pub gpu: GpuModel,
     /// Efficiencies, limits and protocol latencies ([`Calibration`]).
     pub calibration: Calibration,
+    /// The GPUs' generation (the tuner's per-channel caps).
+    pub gpu_gen: GpuGen,
     /// The protocol the run's slots carry (timing-only mode for LL and
     /// LL128: in payload mode the engine moves Simple slices).
     pub protocol: Protocol,
@@ -372,6 +376,7 @@ impl Default for ClusterConfig {
             gpu: GpuModel::default(),
             calibration: Calibration::default(),
             protocol: Protocol::Simple,
+            gpu_gen: GpuGen::Hopper,
             rnic: RnicModel::default(),
             mtu: 4096,
             payload: false,
@@ -421,6 +426,36 @@ fn check_rate(name: &str, bandwidth: f64) -> Result<(), Error> {
 }
 
 impl ClusterConfig {
+    /// What the simulator can run: Ring with every protocol (Tree comes
+    /// with the core's tree executor).
+    pub const CAPABILITIES: Capabilities = Capabilities::RING;
+
+    /// The tuner's hardware for this cluster: the links as calibrated,
+    /// the channel limit, the channels.
+    pub fn hardware(&self) -> Hardware {
+        let k = &self.calibration;
+        Hardware {
+            gen: self.gpu_gen,
+            nvlink: true,
+            intra_gbps: self.nvlink.bandwidth * k.nvlink_efficiency / 1e9,
+            inter_gbps: f64::from(self.nics_per_node) * self.nic.bandwidth * k.nic_efficiency / 1e9,
+            channel_gbps: if k.channel_bandwidth.is_finite() {
+                k.channel_bandwidth / 1e9
+            } else {
+                1e12
+            },
+            max_channels: self.channels,
+            net_overhead_us: 1.0,
+            amd_cpu: false,
+        }
+    }
+
+    /// A tuner for this cluster with the simulator's capabilities.
+    pub fn tuner(&self) -> Tuner {
+        let ranks = u32::try_from(self.ranks()).unwrap_or(u32::MAX);
+        Tuner::new(self.hardware(), ranks, self.nodes, Self::CAPABILITIES)
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> u64 {
         u64::from(self.nodes) * u64::from(self.gpus_per_node)
