@@ -38,6 +38,10 @@
 //!   in any order and counts wrong output elements (`#wrong`).
 //! - [`cost`] is the alpha-beta model (`latency + bytes / bandwidth`) and
 //!   nccl-tests' `algbw` / `busbw`.
+//! - [`tree`] builds NCCL's double binary tree across nodes with a chain
+//!   inside each node, and the tree AllReduce's schedule (reduce up,
+//!   broadcast down, pipelined by chunk), which [`prim::TreeMachine`] walks
+//!   with one connection up and up to three down.
 //! - [`progress`] is the drive loop, written once: one rank's call over
 //!   all its channels ([`Engine`]): events in, actions out, time passed in,
 //!   sequence numbers, counters carried between calls, poisoning, the
@@ -89,6 +93,7 @@ pub mod reduce;
 pub mod rng;
 pub mod sync;
 pub mod topology;
+pub mod tree;
 pub mod tune;
 pub mod verify;
 pub mod wire;
@@ -101,3 +106,4 @@ pub use prim::{Action, Blocked, Exec, LinkState, Machine, Primitive};
 pub use progress::{Engine, EngineError, Event, Stall};
 pub use reduce::{DataType, ReduceOp};
 pub use topology::{HopKind, InOrderRing, Ring, RingOrder, Topology, MAX_RANKS};
+pub use tree::{Tree, TreeOrder, TreePeers, TreePlan, UniformTree};

@@ -33,8 +33,12 @@ use crate::error::Error;
 use crate::fifo::{FifoGeometry, STEPS};
 use crate::id::{ChannelId, Rank};
 use crate::plan::{CallDesc, Plan};
-use crate::prim::{Action, Blocked, Exec, LinkState, Machine, Next};
+use crate::prim::{
+    Action, Blocked, Exec, LinkState, Machine, Next, TreeAction, TreeBlocked, TreeConn, TreeExec,
+    TreeLinks, TreeMachine, TREE_CONNS,
+};
 use crate::topology::RingOrder;
+use crate::tree::{TreeOrder, TreePlan};
 use crate::ProtocolViolation;
 
 /// The most channels one engine drives (the plan's limit).
@@ -127,6 +131,60 @@ impl<M: RingOrder> Channel<M> {
         self.machine
             .as_ref()
             .map_or(Blocked::Done, Machine::blocked_on)
+    }
+}
+
+/// One channel's slot for tree calls in an engine's tree storage: the
+/// current (or last) tree call's machine and the tree connections'
+/// counters carried between tree calls.
+#[derive(Clone, Debug, Default)]
+pub struct TreeChannel {
+    machine: Option<TreeMachine>,
+    links: TreeLinks,
+}
+
+impl TreeChannel {
+    /// An unused tree channel (counters at zero).
+    pub const fn new() -> Self {
+        const L: LinkState = LinkState {
+            recv_tail: 0,
+            recv_next: 0,
+            send_head: 0,
+            send_next: 0,
+            early_header: None,
+        };
+        TreeChannel {
+            machine: None,
+            links: [L; TREE_CONNS],
+        }
+    }
+
+    /// The channel's tree machine (the current tree call's, or the last).
+    pub fn machine(&self) -> Option<&TreeMachine> {
+        self.machine.as_ref()
+    }
+
+    /// The tree connections' counters: the machine's while it lives.
+    pub fn links(&self) -> TreeLinks {
+        self.machine.as_ref().map_or(self.links, TreeMachine::links)
+    }
+}
+
+/// Tree storage for an engine that runs no tree calls: empty, no bytes.
+/// The default third parameter of [`Engine`], so a ring-only engine's
+/// size and layout are what they were.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoTrees;
+
+impl AsRef<[TreeChannel]> for NoTrees {
+    fn as_ref(&self) -> &[TreeChannel] {
+        &[]
+    }
+}
+
+impl AsMut<[TreeChannel]> for NoTrees {
+    fn as_mut(&mut self) -> &mut [TreeChannel] {
+        &mut []
     }
 }
 
@@ -234,17 +292,23 @@ impl core::fmt::Display for EngineError {
 
 impl core::error::Error for EngineError {}
 
-/// One rank's progress engine over the channels in `S`.
+/// One rank's progress engine over the channels in `S` (and, for tree
+/// calls, the tree channels in `T`).
 ///
 /// See the [module documentation](self) for the loop a backend writes
-/// around it.
+/// around it. A tree AllReduce runs through the same engine — sequence
+/// numbers, deadline, poisoning and stall report are shared with ring
+/// calls — with [`start_tree`](Engine::start_tree),
+/// [`handle_tree`](Engine::handle_tree) (events name their
+/// [`TreeConn`]) and [`poll_tree`](Engine::poll_tree); its storage comes
+/// from [`Engine::with_trees`].
 ///
 /// `repr(C)`, cache-line aligned: what every event and poll touches (the
 /// channel masks, the clock, the storage handle, the flags) fills the
 /// first line; the call and the failure come after.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
-pub struct Engine<M, S> {
+pub struct Engine<M, S, T = NoTrees> {
     /// Channels that may have an action (bit per channel).
     dirty: u64,
     /// Channels not yet `Done` (bit per channel).
@@ -266,6 +330,9 @@ pub struct Engine<M, S> {
     /// The running call.
     call: Option<CallDesc>,
     failure: Option<EngineError>,
+    /// The running (or last) call is a tree call.
+    tree_call: bool,
+    trees: T,
     _ring: core::marker::PhantomData<fn() -> M>,
 }
 
@@ -276,8 +343,22 @@ pub type ArrayEngine<M, const C: usize> = Engine<M, [Channel<M>; C]>;
 impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// An engine for `rank` over `channels` (all unused), giving up on a
     /// call when nothing happens for `timeout` ticks. Capacity beyond
-    /// [`MAX_CHANNELS`] is never used.
+    /// [`MAX_CHANNELS`] is never used. It runs ring calls only; see
+    /// [`Engine::with_trees`].
     pub fn new(rank: Rank, channels: S, timeout: u64) -> Self {
+        Engine::with_trees(rank, channels, NoTrees, timeout)
+    }
+}
+
+impl<
+        M: RingOrder,
+        S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>,
+        T: AsRef<[TreeChannel]> + AsMut<[TreeChannel]>,
+    > Engine<M, S, T>
+{
+    /// [`Engine::new`] with storage for tree calls too: `trees` holds one
+    /// [`TreeChannel`] per channel a tree call may use.
+    pub fn with_trees(rank: Rank, channels: S, trees: T, timeout: u64) -> Self {
         let capacity = u8::try_from(channels.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0);
         Engine {
             dirty: 0,
@@ -293,6 +374,8 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
             channels,
             call: None,
             failure: None,
+            tree_call: false,
+            trees,
             _ring: core::marker::PhantomData,
         }
     }
@@ -351,6 +434,9 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
     /// What channel `c` waits for ([`Blocked::Done`] when it is not part
     /// of a running call).
     pub fn blocked_on(&self, c: ChannelId) -> Blocked {
+        if self.tree_call {
+            return self.tree_blocked_on(c).blocked;
+        }
         match self.channel(c) {
             Some(ch) if self.open & bit(u32::from(c.0)) != 0 => ch.blocked_on(),
             Some(ch) if ch.machine.as_ref().is_some_and(|m| m.error().is_some()) => Blocked::Failed,
@@ -469,6 +555,7 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
             }
         }
         self.call = Some(desc);
+        self.tree_call = false;
         self.used = u8::try_from(used).unwrap_or(u8::MAX);
         self.open = mask(used);
         self.dirty = self.open;
@@ -648,6 +735,246 @@ impl<M: RingOrder, S: AsRef<[Channel<M>]> + AsMut<[Channel<M>]>> Engine<M, S> {
             }
             _ => false,
         }
+    }
+
+    /// The tree storage.
+    pub fn tree_channels(&self) -> &[TreeChannel] {
+        self.trees.as_ref()
+    }
+
+    /// The tree machine of channel `c` (the running tree call's or the
+    /// last one's).
+    pub fn tree_machine(&self, c: ChannelId) -> Option<&TreeMachine> {
+        self.trees
+            .as_ref()
+            .get(usize::from(c.0))
+            .and_then(TreeChannel::machine)
+    }
+
+    /// The outstanding tree exec of channel `c`, if one is.
+    pub fn pending_tree(&self, c: ChannelId) -> Option<TreeExec> {
+        self.tree_machine(c).and_then(TreeMachine::pending)
+    }
+
+    /// Whether the running (or last) call is a tree call.
+    pub fn is_tree_call(&self) -> bool {
+        self.tree_call
+    }
+
+    /// What channel `c` of the running tree call waits for, naming the
+    /// connection ([`Blocked::Done`] when it is not part of one).
+    pub fn tree_blocked_on(&self, c: ChannelId) -> TreeBlocked {
+        let open = self.tree_call && self.open & bit(u32::from(c.0)) != 0;
+        match self.tree_machine(c) {
+            Some(m) if open => m.blocked_on(),
+            Some(m) if m.error().is_some() => TreeBlocked {
+                blocked: Blocked::Failed,
+                conn: None,
+            },
+            _ => TreeBlocked {
+                blocked: Blocked::Done,
+                conn: None,
+            },
+        }
+    }
+
+    /// Starts a tree AllReduce `call` (the `plan` built for it) at time
+    /// `now`: one [`TreeMachine`] per channel of the plan, channel `c`
+    /// over `tree(c)` (tree `c mod 2` of the double binary tree), from the
+    /// counters the previous tree call left. Returns the call's descriptor,
+    /// the header every tree neighbour checks. Refusals and failures as
+    /// [`start`](Engine::start)'s; a call that is not an AllReduce, or a
+    /// tree that does not have the plan's ranks, is refused.
+    pub fn start_tree<O: TreeOrder>(
+        &mut self,
+        now: u64,
+        call: &Call,
+        plan: &TreePlan,
+        geometry: FifoGeometry,
+        mut tree: impl FnMut(ChannelId) -> O,
+    ) -> Result<CallDesc, EngineError> {
+        self.check()?;
+        if self.call.is_some() {
+            return Err(EngineError::Busy);
+        }
+        let used = plan.channels();
+        let capacity = self
+            .capacity()
+            .min(u32::try_from(self.trees.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0));
+        if used > capacity {
+            return Err(EngineError::BadChannel {
+                channel: used.saturating_sub(1),
+                capacity,
+            });
+        }
+        let desc = call.desc(self.seq);
+        let rank = self.rank;
+        for c in 0..used {
+            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
+            let fail = |during, source| EngineError::Machine {
+                channel: id,
+                during,
+                source,
+            };
+            let r = match self.trees.as_mut().get_mut(c as usize) {
+                Some(ch) => {
+                    let links = ch.links();
+                    let t = tree(id);
+                    let peers = if t.ranks() == plan.ranks() {
+                        t.peers(rank)
+                    } else {
+                        Err(Error::BadTopology)
+                    };
+                    peers
+                        .map_err(|e| fail("TreeOrder::peers", e))
+                        .and_then(|p| {
+                            let steps =
+                                plan.steps(id, p).map_err(|e| fail("TreePlan::steps", e))?;
+                            let present = p
+                                .down
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, d)| d.is_some())
+                                .fold(u8::from(p.up.is_some()), |m, (i, _)| {
+                                    m | 2u8.checked_shl(i as u32).unwrap_or(0)
+                                });
+                            TreeMachine::new(desc, plan, steps, present, geometry, &links)
+                                .map_err(|e| fail("TreeMachine::new", e))
+                        })
+                        .map(|m| {
+                            ch.links = links;
+                            ch.machine = Some(m);
+                        })
+                }
+                None => Err(EngineError::BadChannel {
+                    channel: c,
+                    capacity,
+                }),
+            };
+            if let Err(e) = r {
+                for ch in self.trees.as_mut().iter_mut().take(c as usize) {
+                    ch.machine = None;
+                }
+                let peer = matches!(
+                    e.core(),
+                    Some(Error::MismatchedCall { .. } | Error::Protocol(_))
+                );
+                return Err(if peer { self.poison(e) } else { e });
+            }
+        }
+        self.call = Some(desc);
+        self.tree_call = true;
+        self.used = u8::try_from(used).unwrap_or(u8::MAX);
+        self.open = mask(used);
+        self.dirty = self.open;
+        self.cursor = 0;
+        self.last_progress = now;
+        Ok(desc)
+    }
+
+    /// Feeds channel `c`'s tree connection `conn` what its transport
+    /// reported at time `now` ([`Event::Tail`] / [`Event::Header`] from
+    /// the peer on `conn`, [`Event::Head`] its credit; `conn` is ignored
+    /// for [`Event::ExecDone`]). As with [`handle`](Engine::handle),
+    /// events may come between tree calls and are kept for the next one.
+    pub fn handle_tree(
+        &mut self,
+        now: u64,
+        c: ChannelId,
+        conn: TreeConn,
+        event: Event,
+    ) -> Result<(), EngineError> {
+        self.check()?;
+        let next_seq = match self.call {
+            Some(_) => self.seq.wrapping_add(1),
+            None => self.seq,
+        };
+        let i = u32::from(c.0);
+        let capacity = u32::try_from(self.trees.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0);
+        let Some(ch) = self
+            .trees
+            .as_mut()
+            .get_mut(i as usize)
+            .filter(|_| i < capacity)
+        else {
+            return Err(EngineError::BadChannel {
+                channel: i,
+                capacity,
+            });
+        };
+        let r = match ch.machine.as_mut() {
+            Some(m) => match event {
+                Event::ExecDone => m.handle_exec_done().map_err(|e| ("handle_exec_done", e)),
+                Event::Tail(t) => m.handle_tail(conn, t).map_err(|e| ("handle_tail", e)),
+                Event::Header { step, desc } => m
+                    .handle_header(conn, step, desc)
+                    .map_err(|e| ("handle_header", e)),
+                Event::Head(h) => m.handle_head(conn, h).map_err(|e| ("handle_head", e)),
+            },
+            None => match ch.links.get_mut(conn.index()) {
+                Some(link) => idle_event(link, next_seq, event),
+                None => Err(("handle_tree", Error::BadTopology)),
+            },
+        };
+        if let Err((during, source)) = r {
+            return Err(self.poison(EngineError::Machine {
+                channel: c,
+                during,
+                source,
+            }));
+        }
+        if self.tree_call {
+            self.dirty |= bit(i) & self.open;
+        }
+        self.last_progress = now;
+        Ok(())
+    }
+
+    /// The next action of the running tree call: `(channel, action)`, or
+    /// `None` when every channel waits for an event (or no tree call
+    /// runs). [`TreeAction::Done`] comes once per channel; after the last
+    /// one the call is over.
+    #[must_use = "actions must be carried out"]
+    pub fn poll_tree(&mut self) -> Result<Option<(ChannelId, TreeAction)>, EngineError> {
+        self.check()?;
+        if !self.tree_call {
+            return Ok(None);
+        }
+        while self.dirty != 0 {
+            let c = next_bit(self.dirty, u32::from(self.cursor));
+            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
+            let polled = match self.trees.as_mut().get_mut(c as usize) {
+                Some(TreeChannel {
+                    machine: Some(m), ..
+                }) => m.poll_action(),
+                _ => Ok(None),
+            };
+            match polled {
+                Ok(Some(action)) => {
+                    self.cursor = u8::try_from(c).unwrap_or(0);
+                    if matches!(action, TreeAction::Exec(_)) {
+                        self.dirty &= !bit(c);
+                    }
+                    if action == TreeAction::Done {
+                        self.dirty &= !bit(c);
+                        self.open &= !bit(c);
+                        if self.open == 0 {
+                            self.finish();
+                        }
+                    }
+                    return Ok(Some((id, action)));
+                }
+                Ok(None) => self.dirty &= !bit(c),
+                Err(source) => {
+                    return Err(self.poison(EngineError::Machine {
+                        channel: id,
+                        during: "poll_action",
+                        source,
+                    }))
+                }
+            }
+        }
+        Ok(None)
     }
 
     fn finish(&mut self) {

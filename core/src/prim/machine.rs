@@ -277,7 +277,7 @@ pub fn check_start(call: &CallDesc, plan: &Plan, geometry: FifoGeometry) -> Resu
 
 /// [`check_start`], returning the elements per slice and the slots per
 /// slice.
-fn start_geometry(
+pub(crate) fn start_geometry(
     call: &CallDesc,
     plan: &Plan,
     geometry: FifoGeometry,

@@ -1,4 +1,5 @@
-//! The primitives a ring step is made of.
+//! The primitives a step is made of, and the state machines that walk a
+//! plan: [`Machine`] on a ring, [`TreeMachine`] on a tree.
 
 use bitflags::bitflags;
 
@@ -98,8 +99,13 @@ impl core::fmt::Display for Primitive {
 }
 
 mod machine;
+mod tree;
 
 pub use machine::{check_start, Action, Blocked, Exec, LinkState, Machine, Next, SlotSpan};
+pub use tree::{
+    tree_slice_result, TreeAction, TreeBlocked, TreeConn, TreeExec, TreeLinks, TreeMachine,
+    TREE_CONNS,
+};
 
 /// What a primitive produces for one slice, into `out`: `incoming ⊕ local`
 /// when it reduces (then [`finalize`](crate::reduce::finalize)d where the

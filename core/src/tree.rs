@@ -1,0 +1,533 @@
+//! Tree AllReduce: NCCL's double binary tree across nodes, a chain inside
+//! each node, and the pipelined reduce-up / broadcast-down schedule.
+//!
+//! # The trees
+//!
+//! Across `N` nodes, tree 0 is a binary tree read off the bits of the node
+//! index (NCCL's `ncclGetBtree`, src/graph/trees.cc): node 0 is the root and
+//! has one child, the largest power of two below `N`; a node whose lowest
+//! set bit is `b` hangs below `(i ^ b) | 2b` (or `i ^ b` when that is out of
+//! range) and has children `i − b/2` and the first of `i + b/2, i + b/4, …`
+//! that exists. Odd nodes are leaves. Tree 1 (NCCL's `ncclGetDtree`) is
+//! tree 0 mirrored (`i → N−1−i`) when `N` is even and shifted by one node
+//! (`i → i+1 mod N`) when it is odd, so that the leaves of one tree are
+//! (nearly all) the interior nodes of the other and the two trees load the
+//! nodes' links evenly. Channel `c` uses tree `c mod 2`; channels split the
+//! buffer as the ring's do, so each tree carries half the data.
+//!
+//! Inside a node the ranks form a chain in the node's order: the node's
+//! first rank is on the inter-node tree, rank `i` of the node hangs below
+//! rank `i − 1`. A rank thus has at most one parent (`up`) and at most three
+//! children (`down`: two nodes' first ranks and the next rank of its
+//! node), NCCL's `tree.up` / `tree.down[NCCL_MAX_TREE_ARITY = 3]`.
+//!
+//! # The schedule
+//!
+//! A channel's range is cut into chunks of the plan's chunk size (at least
+//! one, possibly empty, so every connection carries the call header). Per
+//! chunk the data goes up — each rank receives the partial sums of its
+//! children, reduces them with its input and sends the result to its parent
+//! (`recvReduceSend`; a leaf just `send`s) — and the root finishes the
+//! reduction and starts it down in one step (`recvReduceCopySend`); going
+//! down, each rank copies the result to its output and forwards it
+//! (`recvCopySend`; a leaf `recv`s). A non-root rank interleaves the two
+//! directions one chunk apart — `up 0, up 1, down 0, up 2, down 1, …,
+//! down K−1` — so chunk `k` goes up while chunk `k − 1` comes down. A lag
+//! of one chunk is the most a FIFO that holds a single chunk allows: a rank
+//! two chunks ahead would wait for room in its parent's FIFO, which the
+//! parent frees only after its children consumed what it sent down.
+
+use crate::error::Error;
+use crate::id::{ChannelId, NodeId, Rank};
+use crate::math::div_up;
+use crate::plan::{Collective, Plan};
+use crate::prim::Primitive;
+use crate::reduce::DataType;
+use crate::topology::Topology;
+
+/// NCCL's `NCCL_MAX_TREE_ARITY`: children per rank.
+pub const MAX_TREE_ARITY: usize = 3;
+
+/// One node's links in a binary tree over node indices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct NodeLinks {
+    /// The parent node; `None` at the root.
+    pub up: Option<u32>,
+    /// The child nodes (at most two; `down[1]` only with `down[0]`).
+    pub down: [Option<u32>; 2],
+}
+
+/// Node `i`'s links in the binary tree over `n` nodes rooted at 0 whose
+/// shape follows the bits of the index (NCCL's `ncclGetBtree`; see the
+/// [module documentation](self)). No links for `i >= n`.
+pub fn btree(n: u32, i: u32) -> NodeLinks {
+    if i >= n || n < 2 {
+        return NodeLinks::default();
+    }
+    // The lowest set bit of i; for the root, the first power of two >= n.
+    let mut bit = 1u32;
+    while bit < n && bit & i == 0 {
+        bit = bit.saturating_mul(2);
+    }
+    let low = bit / 2;
+    if i == 0 {
+        return NodeLinks {
+            up: None,
+            down: [(low > 0).then_some(low), None],
+        };
+    }
+    let up = match bit.checked_mul(2).map(|b2| (i ^ bit) | b2) {
+        Some(u) if u < n => u,
+        _ => i ^ bit,
+    };
+    let down0 = (low > 0).then(|| i.saturating_sub(low));
+    let mut step = low;
+    let mut down1 = None;
+    while step > 0 {
+        match i.checked_add(step) {
+            Some(d) if d < n => {
+                down1 = Some(d);
+                break;
+            }
+            _ => step /= 2,
+        }
+    }
+    NodeLinks {
+        up: Some(up),
+        down: [down0, down1],
+    }
+}
+
+/// Node `i`'s links in tree `which` (0 or 1) of the double binary tree over
+/// `n` nodes (NCCL's `ncclGetDtree`): tree 0 is [`btree`]; tree 1 mirrors it
+/// when `n` is even and shifts it by one node when `n` is odd.
+pub fn dtree(n: u32, i: u32, which: u8) -> NodeLinks {
+    if which.is_multiple_of(2) || i >= n {
+        return btree(n, i);
+    }
+    // Tree 1's node i is tree 0's node `to(i)`; tree 0's node x is tree
+    // 1's node `from(x)`.
+    let shift = n % 2 == 1;
+    let to = |x: u32| {
+        if shift {
+            x.wrapping_add(n)
+                .wrapping_sub(1)
+                .checked_rem(n)
+                .unwrap_or(0)
+        } else {
+            n.saturating_sub(1).saturating_sub(x)
+        }
+    };
+    let from = |x: u32| {
+        if shift {
+            x.wrapping_add(1).checked_rem(n).unwrap_or(0)
+        } else {
+            n.saturating_sub(1).saturating_sub(x)
+        }
+    };
+    let l = btree(n, to(i));
+    NodeLinks {
+        up: l.up.map(from),
+        down: [l.down[0].map(from), l.down[1].map(from)],
+    }
+}
+
+/// The root node of tree `which` over `n` nodes (NCCL's
+/// `ncclGetDtreeRoots`): 0 for tree 0; for tree 1, 1 when `n` is odd (and
+/// above 1), else `n − 1`.
+pub fn dtree_root(n: u32, which: u8) -> u32 {
+    if which.is_multiple_of(2) {
+        0
+    } else if n % 2 == 1 && n > 1 {
+        1
+    } else {
+        n.saturating_sub(1)
+    }
+}
+
+/// One rank's neighbours on one channel's tree: NCCL's `tree.up` and
+/// `tree.down`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct TreePeers {
+    /// The parent; `None` at the root.
+    pub up: Option<Rank>,
+    /// The children, packed at the front: `down[i]` is `Some` for
+    /// `i < n_down()`.
+    pub down: [Option<Rank>; MAX_TREE_ARITY],
+}
+
+impl TreePeers {
+    /// Number of children.
+    pub fn n_down(&self) -> usize {
+        self.down.iter().take_while(|d| d.is_some()).count()
+    }
+
+    /// Whether the rank is the tree's root.
+    pub fn is_root(&self) -> bool {
+        self.up.is_none()
+    }
+
+    /// Whether the rank has no children.
+    pub fn is_leaf(&self) -> bool {
+        self.down[0].is_none()
+    }
+
+    fn push_down(&mut self, r: Rank) -> Result<(), Error> {
+        let slot = self
+            .down
+            .iter_mut()
+            .find(|d| d.is_none())
+            .ok_or(Error::Capacity)?;
+        *slot = Some(r);
+        Ok(())
+    }
+}
+
+/// What a tree plan needs to know of a channel's tree: its size and each
+/// rank's neighbours. Implemented by [`Tree`], [`UniformTree`] and
+/// references to either.
+pub trait TreeOrder {
+    /// Number of ranks on the tree.
+    fn ranks(&self) -> u32;
+    /// The neighbours of `rank`.
+    fn peers(&self, rank: Rank) -> Result<TreePeers, Error>;
+}
+
+impl<T: TreeOrder + ?Sized> TreeOrder for &T {
+    fn ranks(&self) -> u32 {
+        (**self).ranks()
+    }
+    fn peers(&self, rank: Rank) -> Result<TreePeers, Error> {
+        (**self).peers(rank)
+    }
+}
+
+/// The links of the rank at position `local` of node `node` whose node
+/// has `gpus` ranks, given the node tree's links and how to name the rank
+/// at `(node, local)`.
+fn rank_peers(
+    links: NodeLinks,
+    node: u32,
+    local: u32,
+    gpus: u32,
+    rank_at: impl Fn(u32, u32) -> Option<Rank>,
+) -> Result<TreePeers, Error> {
+    let mut p = TreePeers::default();
+    if local == 0 {
+        p.up = match links.up {
+            Some(u) => Some(rank_at(u, 0).ok_or(Error::BadTopology)?),
+            None => None,
+        };
+        for d in links.down.into_iter().flatten() {
+            p.push_down(rank_at(d, 0).ok_or(Error::BadTopology)?)?;
+        }
+    } else {
+        p.up = Some(rank_at(node, local.saturating_sub(1)).ok_or(Error::BadTopology)?);
+    }
+    if local.saturating_add(1) < gpus {
+        p.push_down(rank_at(node, local.saturating_add(1)).ok_or(Error::BadTopology)?)?;
+    }
+    Ok(p)
+}
+
+/// One channel's tree over a [`Topology`]: tree `channel mod 2` of the
+/// double binary tree over its nodes, a chain through each node's ranks in
+/// the node's order.
+#[derive(Clone, Copy, Debug)]
+pub struct Tree<'a, const R: usize> {
+    topo: &'a Topology<R>,
+    which: u8,
+}
+
+impl<'a, const R: usize> Tree<'a, R> {
+    /// The tree channel `channel` uses.
+    pub fn new(topo: &'a Topology<R>, channel: ChannelId) -> Self {
+        Tree {
+            topo,
+            which: channel.0 % 2,
+        }
+    }
+
+    /// Which of the two trees (0 or 1).
+    pub fn which(&self) -> u8 {
+        self.which
+    }
+
+    /// The root rank.
+    pub fn root(&self) -> Option<Rank> {
+        let node = dtree_root(self.topo.nodes(), self.which);
+        self.topo.node_ranks(NodeId(node)).next()
+    }
+}
+
+impl<const R: usize> TreeOrder for Tree<'_, R> {
+    fn ranks(&self) -> u32 {
+        self.topo.ranks()
+    }
+
+    fn peers(&self, rank: Rank) -> Result<TreePeers, Error> {
+        let node = self.topo.node_of(rank)?.0;
+        let local = self.topo.local_of(rank)?;
+        let gpus = self.topo.gpus_in_node(NodeId(node));
+        let links = dtree(self.topo.nodes(), node, self.which);
+        rank_peers(links, node, local, gpus, |n, l| {
+            self.topo.node_ranks(NodeId(n)).nth(l as usize)
+        })
+    }
+}
+
+/// Tree `which` over `nodes` nodes of `gpus` ranks each, rank `r` on node
+/// `r / gpus` (the [`Topology::uniform`] placement) — without a topology's
+/// storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UniformTree {
+    /// Nodes.
+    pub nodes: u32,
+    /// Ranks per node.
+    pub gpus: u32,
+    /// Which of the two trees (0 or 1; channel `c` uses `c mod 2`).
+    pub which: u8,
+}
+
+impl UniformTree {
+    /// The tree channel `channel` uses.
+    pub fn for_channel(nodes: u32, gpus: u32, channel: ChannelId) -> Self {
+        UniformTree {
+            nodes,
+            gpus,
+            which: channel.0 % 2,
+        }
+    }
+
+    /// The root rank.
+    pub fn root(&self) -> Rank {
+        Rank(dtree_root(self.nodes, self.which).saturating_mul(self.gpus))
+    }
+}
+
+impl TreeOrder for UniformTree {
+    fn ranks(&self) -> u32 {
+        self.nodes.saturating_mul(self.gpus)
+    }
+
+    fn peers(&self, rank: Rank) -> Result<TreePeers, Error> {
+        let n = self.ranks();
+        if rank.0 >= n {
+            return Err(Error::RankOutOfRange {
+                rank: rank.0,
+                ranks: n,
+            });
+        }
+        let g = self.gpus;
+        let node = rank.0.checked_div(g).unwrap_or(0);
+        let local = rank.0.checked_rem(g).unwrap_or(0);
+        let links = dtree(self.nodes, node, self.which);
+        rank_peers(links, node, local, g, |n, l| {
+            n.checked_mul(g)
+                .and_then(|b| b.checked_add(l))
+                .map(Rank)
+                .filter(|r| r.0 < self.nodes.saturating_mul(g) && l < g)
+        })
+    }
+}
+
+/// Which way a tree step moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum TreeDir {
+    /// Reduce up: receive from the children, send to the parent.
+    Up,
+    /// At the root: receive from the children, send back to them (or, on a
+    /// one-rank tree, a local copy).
+    Turn,
+    /// Broadcast down: receive from the parent, send to the children.
+    Down,
+}
+
+/// One step of one rank on one channel of a tree AllReduce. Offsets and
+/// counts are in elements (input and output offsets are equal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct TreeStep {
+    /// What the step does.
+    pub primitive: Primitive,
+    /// Which connections it uses.
+    pub dir: TreeDir,
+    /// Step index on the channel.
+    pub index: u64,
+    /// The chunk (of the channel).
+    pub chunk: u64,
+    /// Offset into the input and output buffers.
+    pub offset: u64,
+    /// Elements (may be 0).
+    pub count: u64,
+}
+
+/// A validated tree AllReduce plan: the channels' ranges and chunks (the
+/// ring plan's rules, one chunk per loop), and each rank's steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreePlan {
+    plan: Plan,
+}
+
+impl TreePlan {
+    /// An AllReduce of `count` elements of `dtype` over `ranks` ranks and
+    /// `channels` channels, in chunks of `chunk_bytes`.
+    pub fn new(
+        count: u64,
+        dtype: DataType,
+        ranks: u32,
+        channels: u32,
+        chunk_bytes: u64,
+    ) -> Result<TreePlan, Error> {
+        let plan = Plan::new(
+            Collective::AllReduce,
+            count,
+            dtype,
+            ranks,
+            channels,
+            chunk_bytes,
+        )?;
+        Ok(TreePlan { plan })
+    }
+
+    /// The ring plan of the same call, whose channel ranges and chunk size
+    /// this plan shares (what the start checks read).
+    pub fn ring_plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.plan.ranks()
+    }
+
+    /// Number of channels.
+    pub fn channels(&self) -> u32 {
+        self.plan.channels()
+    }
+
+    /// Chunks of a channel (at least one).
+    pub fn chunks(&self, channel: ChannelId) -> Result<u64, Error> {
+        let r = self.plan.channel_range(channel)?;
+        Ok(div_up(r.end.saturating_sub(r.start), self.plan.chunk_elems()).max(1))
+    }
+
+    /// The steps of the rank whose neighbours are `peers` on `channel`.
+    pub fn steps(&self, channel: ChannelId, peers: TreePeers) -> Result<TreeSteps, Error> {
+        let range = self.plan.channel_range(channel)?;
+        let chunks = self.chunks(channel)?;
+        let role = match (peers.up.is_some(), peers.is_leaf()) {
+            (false, _) => Role::Root,
+            (true, true) => Role::Leaf,
+            (true, false) => Role::Interior,
+        };
+        let total = match role {
+            Role::Root => chunks,
+            _ => chunks.saturating_mul(2),
+        };
+        Ok(TreeSteps {
+            start: range.start,
+            end: range.end,
+            chunk: self.plan.chunk_elems(),
+            chunks,
+            role,
+            ranks: self.plan.ranks(),
+            next: 0,
+            total,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Root,
+    Interior,
+    Leaf,
+}
+
+/// The steps of one rank on one channel; see [`TreePlan::steps`]. O(1)
+/// per step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeSteps {
+    start: u64,
+    end: u64,
+    chunk: u64,
+    chunks: u64,
+    role: Role,
+    ranks: u32,
+    next: u64,
+    total: u64,
+}
+
+impl TreeSteps {
+    /// Steps not yet yielded.
+    pub fn remaining(&self) -> u64 {
+        self.total.saturating_sub(self.next)
+    }
+
+    /// The chunk and direction of step `s` of a non-root rank: `up 0`,
+    /// then `up k+1, down k` pairs, then `down K−1`.
+    fn up_down(&self, s: u64) -> (u64, TreeDir) {
+        if s == 0 {
+            return (0, TreeDir::Up);
+        }
+        let last = self.total.saturating_sub(1);
+        if s >= last {
+            return (self.chunks.saturating_sub(1), TreeDir::Down);
+        }
+        let p = s.saturating_sub(1) / 2;
+        if s.saturating_sub(1).is_multiple_of(2) {
+            (p.saturating_add(1), TreeDir::Up)
+        } else {
+            (p, TreeDir::Down)
+        }
+    }
+}
+
+impl Iterator for TreeSteps {
+    type Item = TreeStep;
+
+    fn next(&mut self) -> Option<TreeStep> {
+        let s = self.next;
+        if s >= self.total {
+            return None;
+        }
+        self.next = s.saturating_add(1);
+        let (chunk, dir) = match self.role {
+            Role::Root => (s, TreeDir::Turn),
+            _ => self.up_down(s),
+        };
+        let primitive = match (self.role, dir) {
+            (Role::Root, _) if self.ranks == 1 => Primitive::COPY_ONLY,
+            (Role::Root, _) => Primitive::RECV_REDUCE_COPY_SEND,
+            (Role::Leaf, TreeDir::Up) => Primitive::SEND_ONLY,
+            (Role::Leaf, _) => Primitive::RECV_ONLY,
+            (_, TreeDir::Up) => Primitive::RECV_REDUCE_SEND,
+            _ => Primitive::RECV_COPY_SEND,
+        };
+        let offset = self
+            .start
+            .saturating_add(chunk.saturating_mul(self.chunk))
+            .min(self.end);
+        let count = self.chunk.min(self.end.saturating_sub(offset));
+        Some(TreeStep {
+            primitive,
+            dir,
+            index: s,
+            chunk,
+            offset,
+            count,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let r = self.remaining();
+        match usize::try_from(r) {
+            Ok(r) => (r, Some(r)),
+            Err(_) => (usize::MAX, None),
+        }
+    }
+}
