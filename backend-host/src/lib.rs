@@ -29,6 +29,7 @@ mod map;
 mod name;
 mod segment;
 pub mod shm;
+mod shm_lines;
 pub mod tcp;
 pub mod wait;
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ringcc_core::fifo::{FifoGeometry, StepCounter, STEPS};
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::SlotIndex;
+use ringcc_core::{Protocol, SlotIndex};
 use rustix::fs::Mode;
 use rustix::io::Errno;
 use rustix::shm::{self, OFlags};
@@ -344,6 +344,39 @@ impl Segment {
             capacity: self.layout.slot_bytes(),
             _segment: std::marker::PhantomData,
         })
+    }
+
+    /// The line slot `index` of `protocol` (LL: its 8-byte units; LL128:
+    /// its lines' 64-bit words), as atomics both ends store and load, and
+    /// the data bytes it carries. Simple, or an index beyond the slots,
+    /// is [`Error::NoSuchSlot`].
+    pub fn lines(&self, protocol: Protocol, index: SlotIndex) -> Result<(&[AtomicU64], usize)> {
+        let i = u64::from(index.get());
+        let (off, bytes, data) = self
+            .layout
+            .line_slot(protocol, i)
+            .and_then(|(o, b, d)| {
+                Some((
+                    usize::try_from(o).ok()?,
+                    usize::try_from(b).ok()?,
+                    usize::try_from(d).ok()?,
+                ))
+            })
+            .ok_or(Error::NoSuchSlot { slot: i })?;
+        debug_assert!(off.is_multiple_of(8) && bytes.is_multiple_of(8));
+        debug_assert!(off + bytes <= self.map.len());
+        // SAFETY: the layout puts the slot's `bytes` (a multiple of 8) at
+        // `off` (a multiple of 128) inside the mapping (`line_slot` keeps
+        // it below the total, the mapping's length), which lives as long
+        // as `&self`; the mapping is page aligned, so every word is
+        // 8-aligned. The bytes are initialised (zero from `ftruncate`) and
+        // every bit pattern is a valid `u64`. Both processes access the
+        // line regions only through these atomics (no plain reads or
+        // writes, no other view overlaps them).
+        let words = unsafe {
+            std::slice::from_raw_parts(self.ptr(off).cast::<AtomicU64>().cast_const(), bytes / 8)
+        };
+        Ok((words, data))
     }
 
     /// Pointer to the first byte of the layout line at `off` (a bell's

@@ -14,6 +14,11 @@
 //!   successor's own slot to write the result into (no staging copy), and
 //!   publishes header, then `tail` (release).
 //!
+//! Under LL and LL128 ([`SendEnd::begin`]) the sender writes the slice
+//! as lines carrying their own arrival into the receiver's line slots and
+//! posts no `tail`; the receiver tells the ways apart per step
+//! (`shm_lines.rs`). Credit and the call header travel as under Simple.
+//!
 //! A peer killed mid-call is noticed two ways: the job's abort notice (the
 //! store sees its connection close) and, here, the process table — an
 //! idle end checks now and then that the peer's process still exists
@@ -29,8 +34,9 @@ use ringcc_comm::Error as CommError;
 use ringcc_core::prim::SlotSpan;
 use ringcc_core::progress::Event;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::{Rank, SlotIndex};
+use ringcc_core::{Protocol, Rank, SlotIndex};
 
+use crate::shm_lines::{LineRecv, LineSend};
 use crate::{Bell, Segment, SegmentName};
 
 /// The longest nap while waiting for a peer to map a segment.
@@ -122,6 +128,7 @@ impl Transport for ShmTransport {
                 watchable_pid(job, hop.receiver),
             ),
             peer_bell: Bell::open(job.token, hop.receiver, job.deadline)?,
+            lines: LineSend::new(),
         }))
     }
 
@@ -155,6 +162,7 @@ impl Transport for ShmTransport {
                 watchable_pid(job, hop.sender),
             ),
             peer_bell: Bell::open(job.token, hop.sender, job.deadline)?,
+            lines: LineRecv::new(),
         }))
     }
 }
@@ -166,20 +174,31 @@ pub struct ShmRecv {
     peer: PeerProcess,
     /// The sender's bell, rung after returning credit.
     peer_bell: Bell,
+    /// Steps that came as LL / LL128 lines.
+    lines: LineRecv,
 }
 
 impl RecvEnd for ShmRecv {
     fn poll(&mut self) -> Result<Option<Event>> {
-        let tail = self.seg.tail().load();
+        let tail = self
+            .lines
+            .arrived(&self.seg, self.peer.tail_seen(), self.peer.channel)?;
         let seg = &self.seg;
-        self.peer.poll_tail(
+        let event = self.peer.poll_tail(
             tail,
             || seg.call_header_seq().load(),
             || seg.read_call_header(),
-        )
+        )?;
+        if let Some(Event::Tail(_)) = event {
+            self.lines.reported();
+        }
+        Ok(event)
     }
 
     fn slot(&self, slot: SlotIndex, len: usize) -> Result<&[u8]> {
+        if let Some(decoded) = self.lines.slot(slot, len) {
+            return decoded;
+        }
         let s = self.seg.slot(slot)?;
         // SAFETY: the engine asks only for slots of steps below the `tail`
         // this end reported (loaded with acquire) and above the `head` it
@@ -202,6 +221,8 @@ pub struct ShmSend {
     peer: PeerProcess,
     /// The receiver's bell, rung after posting `tail`.
     peer_bell: Bell,
+    /// The current call's protocol and its staging slots.
+    lines: LineSend,
 }
 
 impl SendEnd for ShmSend {
@@ -210,7 +231,14 @@ impl SendEnd for ShmSend {
         self.peer.poll_head(head)
     }
 
+    fn begin(&mut self, protocol: Protocol) {
+        self.lines.set(protocol);
+    }
+
     fn slot_mut(&mut self, slot: SlotIndex, len: usize) -> Result<&mut [u8]> {
+        if self.lines.active() {
+            return self.lines.slot_mut(&self.seg, slot, len);
+        }
         let s = self.seg.slot(slot)?;
         // SAFETY: the engine hands out a send span only for steps the
         // successor has credited (`head` loaded with acquire) and not yet
@@ -229,6 +257,13 @@ impl SendEnd for ShmSend {
     ) -> Result<()> {
         if let Some(h) = header {
             self.seg.post_call_header(span.step + 1, h);
+        }
+        if self.lines.active() {
+            // The lines carry their own arrival (each store a release,
+            // after the header's): no `tail`.
+            self.lines.post(&self.seg, span, self.peer.channel)?;
+            self.peer_bell.ring();
+            return Ok(());
         }
         // Release: the header and the bytes before the counter.
         self.seg.tail().post(span.end());

@@ -231,6 +231,15 @@ fn run_checked(comm: &Communicator, call: &Call, k: usize, in_place: bool) -> Re
 
 fn options(suite: &str, channels: u8) -> Options {
     let mut o = Options::from_env().unwrap();
+    // A per-rank protocol (`LL,Simple`: rank 0 LL, rank 1 Simple), to
+    // test that ranks that disagree are refused.
+    if let Ok(by_rank) = std::env::var("RINGCC_HOST_TEST_PROTO_BY_RANK") {
+        let rank: usize = std::env::var(ROLE).unwrap().parse().unwrap();
+        o.proto = by_rank
+            .split(',')
+            .nth(rank)
+            .and_then(ringcc_core::Protocol::parse);
+    }
     o.channels = channels;
     // Small slots: many slices, every FIFO wraps many times.
     o.geometry = FifoGeometry::new(16 << 10, 2).unwrap();
@@ -440,6 +449,93 @@ fn one_rank_is_a_copy() {
 fn async_group_barrier_and_split() {
     let exits = job_of("async", 4, 2);
     assert_all_ok(&exits);
+}
+
+/// A job of `ranks` ranks on this host with `env` set in every rank.
+fn job_with(suite: &str, ranks: u32, channels: u8, env: &[(&str, &str)]) -> Vec<Exit> {
+    job(&Spec {
+        suite,
+        ranks,
+        channels,
+        node: &same_host,
+        netns: &same_host,
+        store_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        env,
+    })
+}
+
+/// Every collective, uneven sizes, several types, in place every other
+/// call, forced to LL (`RINGCC_PROTO`): every slice goes as 8-byte units
+/// with flags over shared memory, no `tail`.
+#[test]
+fn ll_every_collective_on_2_3_4_ranks_checked() {
+    for (ranks, channels) in [(2, 2), (3, 1), (4, 3)] {
+        assert_all_ok(&job_with(
+            "suite",
+            ranks,
+            channels,
+            &[("RINGCC_PROTO", "LL")],
+        ));
+    }
+}
+
+/// The same under LL128 (128-byte lines, spelled in lower case).
+#[test]
+fn ll128_every_collective_on_2_3_4_ranks_checked() {
+    for (ranks, channels) in [(2, 2), (3, 1), (4, 3)] {
+        assert_all_ok(&job_with(
+            "suite",
+            ranks,
+            channels,
+            &[("RINGCC_PROTO", "ll128")],
+        ));
+    }
+}
+
+/// Under LL, ranks that call with different counts fail, within the
+/// deadline, one naming the mismatched call.
+#[test]
+fn ll_mismatched_calls_fail_every_rank() {
+    let exits = job_with("mismatch", 3, 1, &[("RINGCC_PROTO", "LL")]);
+    for (r, e) in exits.iter().enumerate() {
+        assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
+        assert!(e.at < Duration::from_secs(20), "rank {r} took {:?}", e.at);
+    }
+    assert!(
+        exits.iter().any(|e| e.out.contains("mismatched call")),
+        "{exits:#?}"
+    );
+}
+
+/// Under LL, a rank killed mid-call fails the others within the deadline.
+#[test]
+fn ll_killed_rank_fails_the_others() {
+    let exits = job_with("killed", 3, 2, &[("RINGCC_PROTO", "LL")]);
+    assert_eq!(
+        exits[1].code, None,
+        "rank 1 was not killed: {}",
+        exits[1].out
+    );
+    assert_survivors_fail(&exits, 1, "RESULT error");
+}
+
+/// Ranks forced to different protocols do not connect: a typed error
+/// on every rank (the settings differ), never a hang.
+#[test]
+fn different_protocols_across_ranks_fail_to_connect() {
+    let exits = job(&Spec {
+        suite: "suite",
+        ranks: 2,
+        channels: 1,
+        node: &same_host,
+        netns: &same_host,
+        store_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        env: &[("RINGCC_HOST_TEST_PROTO_BY_RANK", "LL,Simple")],
+    });
+    for (r, e) in exits.iter().enumerate() {
+        assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
+        assert!(e.out.contains("proto="), "rank {r}: {}", e.out);
+    }
 }
 
 fn two_nodes(r: u32) -> Option<String> {

@@ -166,6 +166,7 @@ impl Communicator {
             geometry: options.geometry,
             chunk_bytes: options.chunk_bytes,
             channel_bytes: options.channel_bytes,
+            proto: options.proto,
             timeout: options.timeout,
             spin: options.spin,
         };

@@ -23,6 +23,7 @@ use crate::abort::AbortState;
 use crate::buffer::Buffers;
 use crate::error::{Error, Result};
 use crate::exec::exec;
+use crate::proto::choose_protocol;
 use crate::ring::RingOrderOf;
 use crate::transport::{Bell, RecvEnd, SendEnd};
 
@@ -62,6 +63,8 @@ pub(crate) struct DriveConfig {
     pub(crate) geometry: FifoGeometry,
     pub(crate) chunk_bytes: u64,
     pub(crate) channel_bytes: u64,
+    /// The protocol every call runs under, when forced.
+    pub(crate) proto: Option<ringcc_core::Protocol>,
     pub(crate) timeout: Duration,
     /// Idle polls spent spinning and yielding before napping.
     pub(crate) spin: u32,
@@ -145,6 +148,16 @@ impl Ring {
             self.poison(e.to_string());
             return Err(e);
         }
+        // The protocol, its FIFO geometry and chunk: the same on every
+        // rank (a pure function of the call and the shared settings).
+        let proto = choose_protocol(call, self.ranks, self.config.proto);
+        let geometry = proto
+            .fifo_geometry(self.config.geometry)
+            .map_err(|source| Error::Core {
+                channel: None,
+                call: "Protocol::fifo_geometry",
+                source,
+            })?;
         let plan = call
             .plan(
                 self.ranks,
@@ -154,7 +167,7 @@ impl Ring {
                     self.links.len(),
                     self.config.channel_bytes,
                 ),
-                self.config.chunk_bytes,
+                proto.chunk_bytes(geometry, self.config.chunk_bytes),
             )
             .map_err(|source| Error::Core {
                 channel: None,
@@ -164,9 +177,12 @@ impl Ring {
         let now = self.ticks();
         let order = self.order.clone();
         self.engine
-            .start(now, call, &plan, self.config.geometry, |_| order.clone())
+            .start(now, call, &plan, geometry, |_| order.clone())
             .map_err(Error::engine)?;
-        match self.drive(call, bufs) {
+        for l in &mut self.links {
+            l.send.begin(proto);
+        }
+        match self.drive(call, bufs, geometry) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.poison(e.to_string());
@@ -175,8 +191,8 @@ impl Ring {
         }
     }
 
-    fn drive(&mut self, call: &Call, bufs: &mut Buffers<'_>) -> Result<()> {
-        let slot_bytes = usize::try_from(self.config.geometry.slot_bytes())
+    fn drive(&mut self, call: &Call, bufs: &mut Buffers<'_>, geometry: FifoGeometry) -> Result<()> {
+        let slot_bytes = usize::try_from(geometry.slot_bytes())
             .map_err(|_| Error::Internal("slot size beyond memory".into()))?;
         let seq = self.engine.seq();
         let mut idle = 0u32;

@@ -53,6 +53,7 @@ pub mod launch;
 pub mod net;
 mod options;
 pub mod peer;
+pub mod proto;
 mod ring;
 pub mod store;
 pub mod transport;

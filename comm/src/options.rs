@@ -6,6 +6,7 @@
 //! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | 131072 |
 //! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
 //! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | 4194304 |
+//! | `RINGCC_PROTO` | the protocol of every call: `LL`, `LL128` or `Simple`, any case (as `NCCL_PROTO`) | LL for small calls, else Simple ([`choose_protocol`](crate::proto::choose_protocol)) |
 //! | `RINGCC_TIMEOUT_MS` | a call fails when nothing moves this long | 30000 |
 //! | `RINGCC_NODE` | this process's node identity (ranks of one node share memory) | the host name |
 //! | `RINGCC_SHM_DISABLE=1` | never use shared memory (as `NCCL_SHM_DISABLE`) | |
@@ -16,6 +17,7 @@
 use std::time::Duration;
 
 use ringcc_core::fifo::FifoGeometry;
+use ringcc_core::Protocol;
 
 use crate::error::{Error, Result};
 
@@ -34,6 +36,9 @@ pub struct Options {
     /// (at least one, at most [`channels`](Self::channels)): every
     /// channel adds hand-offs, and one drive thread serves them all.
     pub channel_bytes: u64,
+    /// The protocol every call runs under; `None`: chosen per call
+    /// ([`choose_protocol`](crate::proto::choose_protocol)).
+    pub proto: Option<Protocol>,
     /// Connecting and every call fail when nothing moves for this long.
     pub timeout: Duration,
     /// Idle polls spent spinning and yielding before a wait naps.
@@ -58,6 +63,7 @@ impl Default for Options {
             geometry: FifoGeometry::new(128 << 10, 1).unwrap_or_default(),
             chunk_bytes: 512 << 10,
             channel_bytes: 4 << 20,
+            proto: None,
             timeout: Duration::from_secs(30),
             spin: 2000,
             node: crate::launch::node_name(),
@@ -102,6 +108,12 @@ impl Options {
         }
         if let Some(b) = num("RINGCC_CHANNEL_BYTES")? {
             o.channel_bytes = b;
+        }
+        if let Some(p) = get("RINGCC_PROTO") {
+            o.proto = crate::proto::parse_forced(&p).map_err(|reason| Error::Env {
+                var: "RINGCC_PROTO".into(),
+                reason,
+            })?;
         }
         if let Some(t) = num("RINGCC_TIMEOUT_MS")? {
             o.timeout = Duration::from_millis(t);
@@ -194,6 +206,7 @@ mod tests {
             ("RINGCC_SHM_DISABLE", "1"),
             ("RINGCC_NET", "socket"),
             ("RINGCC_DEBUG", "info"),
+            ("RINGCC_PROTO", "ll128"),
         ]))
         .unwrap();
         assert_eq!(o.channels, 4);
@@ -204,6 +217,7 @@ mod tests {
         // RINGCC_NET picks the network; it never turns off CUDA IPC.
         assert!(o.allows("cuda-ipc"));
         assert!(o.debug_info);
+        assert_eq!(o.proto, Some(Protocol::Ll128));
     }
 
     #[test]
@@ -214,6 +228,7 @@ mod tests {
             ("RINGCC_NET", "carrier-pigeon"),
             ("RINGCC_CHUNK_BYTES", "99999999999"),
             ("RINGCC_TIMEOUT_MS", "0"),
+            ("RINGCC_PROTO", "LL64"),
         ] {
             let e = Options::from_vars(vars(&[kv])).unwrap_err();
             assert!(

@@ -80,6 +80,11 @@ impl PeerProcess {
         }
     }
 
+    /// A receiving end's last `tail` reported: the next step it waits for.
+    pub fn tail_seen(&self) -> u64 {
+        self.tail_seen
+    }
+
     /// The peer did something: the idle count starts over.
     pub fn seen(&mut self) {
         self.idle = 0;

@@ -36,7 +36,7 @@ use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::SlotSpan;
 use ringcc_core::progress::Event;
 use ringcc_core::wire::call_header::CALL_HEADER_LEN;
-use ringcc_core::{ChannelId, Rank, SlotIndex};
+use ringcc_core::{ChannelId, Protocol, Rank, SlotIndex};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -71,6 +71,17 @@ pub trait SendEnd: Send {
     /// successor's own slot where the transport maps it, else a staging
     /// slot). Valid for a step the successor has credited.
     fn slot_mut(&mut self, slot: SlotIndex, len: usize) -> Result<&mut [u8]>;
+
+    /// The protocol of the call about to start, before its first
+    /// [`slot_mut`](SendEnd::slot_mut). An end that can carry a
+    /// low-latency protocol's lines (LL, LL128: data that carries its own
+    /// arrival, no separate `tail`) switches to it; the default ignores
+    /// it and carries every call the Simple way (its slots hold the
+    /// smaller slices of the call's [geometry](Protocol::fifo_geometry)).
+    /// The receiving end needs no such word: it tells the ways apart.
+    fn begin(&mut self, protocol: Protocol) {
+        let _ = protocol;
+    }
 
     /// Publishes the slice written at `span`: the call header of call
     /// `seq` first when given, then the `bytes` written into the span's
