@@ -103,12 +103,58 @@ pub struct TopoArgs {
     /// the communicator's (verbs': two slices of its FIFO).
     #[arg(long, value_parser = parse_size)]
     pub chunk_bytes: Option<u64>,
-    /// NVLink bandwidth of the simulator, GB/s.
-    #[arg(long, default_value_t = 300.0)]
-    pub nvlink_gbps: f64,
-    /// NIC port bandwidth of the simulator, Gb/s.
-    #[arg(long, default_value_t = 400.0)]
-    pub nic_gbits: f64,
+    /// NVLink bandwidth of the simulator, GB/s [default: the preset's,
+    /// else 300].
+    #[arg(long)]
+    pub nvlink_gbps: Option<f64>,
+    /// NIC port bandwidth of the simulator, Gb/s [default: the preset's,
+    /// else 400].
+    #[arg(long)]
+    pub nic_gbits: Option<f64>,
+    /// A common node's figures: dgx-h100, dgx-a100, p5-efa (explicit
+    /// flags override them).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Algorithms the tuner may pick (NCCL_ALGO syntax: `ring`,
+    /// `ring,tree`, `^tree`); default `RINGCC_ALGO`, else all.
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// Protocols the tuner may pick (NCCL_PROTO syntax: `LL,LL128`,
+    /// `^LL`, `simple`); default `RINGCC_PROTO`, else all.
+    #[arg(long)]
+    pub proto: Option<String>,
+    /// Simulator: NVLink hop latency under Simple, µs [1].
+    #[arg(long)]
+    pub nvlink_us: Option<f64>,
+    /// Simulator: NIC hop latency under Simple, µs [5].
+    #[arg(long)]
+    pub nic_us: Option<f64>,
+    /// Simulator: NVLink hop latency under LL, µs [0.6; presets 0.3].
+    #[arg(long)]
+    pub ll_nvlink_us: Option<f64>,
+    /// Simulator: NIC hop latency under LL, µs [2.7; presets 3, EFA 5].
+    #[arg(long)]
+    pub ll_nic_us: Option<f64>,
+    /// Simulator: NVLink hop latency under LL128, µs [1.9; presets 1].
+    #[arg(long)]
+    pub ll128_nvlink_us: Option<f64>,
+    /// Simulator: NIC hop latency under LL128, µs [4; EFA 6].
+    #[arg(long)]
+    pub ll128_nic_us: Option<f64>,
+    /// Simulator: share of NVLink line rate a ring reaches [1; presets
+    /// 0.82].
+    #[arg(long)]
+    pub nvlink_eff: Option<f64>,
+    /// Simulator: share of NIC line rate data reaches [1; presets 0.96].
+    #[arg(long)]
+    pub nic_eff: Option<f64>,
+    /// Simulator: what one channel moves at most, GB/s [no limit;
+    /// presets 24 H100, 20 A100].
+    #[arg(long)]
+    pub channel_gbps: Option<f64>,
+    /// Simulator: a NIC port's fixed time per message, µs [0; EFA 1].
+    #[arg(long)]
+    pub nic_overhead_us: Option<f64>,
 }
 
 /// NCCL's chunk size.

@@ -88,7 +88,52 @@ pub fn explain(a: &ExplainArgs) -> Result<String, CliError> {
     }
     schedule(w, a, &t, &plan)?;
     totals(w, &plan, &t, &shape)?;
+    tuning(w, a, collective, count * elem * blocks(collective, n))?;
     Ok(out)
+}
+
+/// The tuner's choice for this call on the simulated cluster, and the
+/// model's figures for every candidate, the chosen one marked.
+fn tuning(
+    w: &mut String,
+    a: &ExplainArgs,
+    collective: Collective,
+    bytes: u64,
+) -> Result<(), CliError> {
+    let cfg = crate::backend::mock::config(&a.topo)?;
+    let tuner = crate::backend::mock::tuner(&a.topo, &cfg)?;
+    let choice = tuner.choose(collective, bytes).map_err(CliError::core)?;
+    let _ = writeln!(
+        w,
+        "\nTuner ({} B; NCCL-style model, src/graph/tuning.cc constants; the simulator runs Ring):",
+        bytes
+    );
+    let _ = writeln!(
+        w,
+        "  {:<6} {:<7} {:>8} {:>12} {:>12} {:>12}  ",
+        "algo", "proto", "channels", "latency us", "algbw GB/s", "time us"
+    );
+    for e in choice.table.iter().flatten() {
+        let allowed = tuner.allowed(e.algorithm, e.protocol);
+        let mark = if *e == choice.chosen {
+            "<- chosen"
+        } else if !allowed {
+            "(not allowed)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            w,
+            "  {:<6} {:<7} {:>8} {:>12.2} {:>12.2} {:>12.2}  {mark}",
+            e.algorithm.name(),
+            e.protocol.name(),
+            e.channels,
+            e.latency_us,
+            e.algbw_gbps,
+            e.time_us
+        );
+    }
+    Ok(())
 }
 
 /// Blocks per buffer (ReduceScatter input, AllGather output hold `n`).

@@ -74,19 +74,40 @@ fn gpus_per_node(t: &TopoArgs) -> Result<u32, CliError> {
     }
 }
 
+/// The `--preset`, checked.
+pub fn preset(t: &TopoArgs) -> Result<Option<ringcc_mock::Preset>, CliError> {
+    match &t.preset {
+        None => Ok(None),
+        Some(name) => ringcc_mock::Preset::parse(name).map(Some).ok_or_else(|| {
+            let names: Vec<&str> = ringcc_mock::Preset::ALL.iter().map(|p| p.name()).collect();
+            CliError::usage(format!("--preset {name}: not one of {}", names.join(", ")))
+        }),
+    }
+}
+
 /// Checks the topology flags and resolves them into a shape.
 pub fn resolve(t: &TopoArgs) -> Result<Shape, CliError> {
     if t.nodes == 0 {
         return Err(CliError::usage("--nodes must be at least 1"));
     }
+    let preset = preset(t)?.map(|p| p.config(t.nodes));
     let s = Shape {
         nodes: t.nodes,
         gpus_per_node: gpus_per_node(t)?,
         nics_per_node: t.nics_per_node,
         cross_nic: t.cross_nic,
-        nvlink_gbps: t.nvlink_gbps,
-        nic_gbits: t.nic_gbits,
-        channels: t.channels(),
+        nvlink_gbps: t
+            .nvlink_gbps
+            .unwrap_or(preset.as_ref().map_or(300.0, |c| c.nvlink.bandwidth / 1e9)),
+        nic_gbits: t.nic_gbits.unwrap_or(
+            preset
+                .as_ref()
+                .map_or(400.0, |c| c.nic.bandwidth * 8.0 / 1e9),
+        ),
+        channels: match (t.channels, &preset) {
+            (None, Some(c)) => c.channels,
+            _ => t.channels(),
+        },
         chunk_bytes: t.chunk_bytes(),
     };
     check(&s)?;

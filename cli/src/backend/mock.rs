@@ -12,8 +12,9 @@
 //! and costs O(count) per rank.
 
 use ringcc_core::cost::Link;
-use ringcc_core::{ChannelId, Plan, Rank};
-use ringcc_mock::{Call, Cluster, ClusterConfig, GeneratedData};
+use ringcc_core::tune::{AlgoSet, ProtoSet, Tuner};
+use ringcc_core::{Algorithm, ChannelId, Plan, Rank};
+use ringcc_mock::{Calibration, Call, Cluster, ClusterConfig, GeneratedData, HopLatency};
 
 use crate::args::{NcclFlag, TopoArgs};
 use crate::error::CliError;
@@ -23,6 +24,7 @@ use crate::topo;
 /// The simulator as a `perf` backend.
 pub struct MockBackend {
     cfg: ClusterConfig,
+    tuner: Tuner,
     timing: Option<Cluster>,
     /// The payload clusters of the out-of-place and the in-place check.
     payload: [Option<Cluster>; 2],
@@ -40,9 +42,17 @@ const TIMING_PER_SLICE: f64 = 65e-9;
 const PAYLOAD_PER_SLICE: f64 = 0.8e-6;
 const PAYLOAD_PER_BYTE: f64 = 0.7e-9;
 
-/// The simulator configuration the topology flags describe.
+/// The simulator configuration the topology flags describe: the preset's
+/// (or the simulator's defaults), then every explicit flag over it.
 pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
+    let base = match topo::preset(t)? {
+        Some(p) => p.config(t.nodes),
+        None => ClusterConfig::default(),
+    };
+    let t_args = t;
     let t = &topo::resolve(t)?;
+    let us = |v: Option<f64>, d: f64| v.map_or(d, |x| x * 1e-6);
+    let k = base.calibration;
     let cfg = ClusterConfig {
         nodes: t.nodes,
         gpus_per_node: t.gpus_per_node,
@@ -52,23 +62,66 @@ pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
         chunk_bytes: t.chunk_bytes(),
         nvlink: Link {
             bandwidth: t.nvlink_gbps * 1e9,
-            ..Link::NVLINK
+            latency: us(t_args.nvlink_us, base.nvlink.latency),
         },
         nic: Link {
             bandwidth: t.nic_gbits * 1e9 / 8.0,
-            ..Link::NIC_400G
+            latency: us(t_args.nic_us, base.nic.latency),
         },
-        ..ClusterConfig::default()
+        calibration: Calibration {
+            nvlink_efficiency: t_args.nvlink_eff.unwrap_or(k.nvlink_efficiency),
+            nic_efficiency: t_args.nic_eff.unwrap_or(k.nic_efficiency),
+            channel_bandwidth: t_args.channel_gbps.map_or(k.channel_bandwidth, |g| g * 1e9),
+            ll: HopLatency {
+                nvlink: us(t_args.ll_nvlink_us, k.ll.nvlink),
+                nic: us(t_args.ll_nic_us, k.ll.nic),
+            },
+            ll128: HopLatency {
+                nvlink: us(t_args.ll128_nvlink_us, k.ll128.nvlink),
+                nic: us(t_args.ll128_nic_us, k.ll128.nic),
+            },
+            nic_message_overhead: us(t_args.nic_overhead_us, k.nic_message_overhead),
+        },
+        ..base
     };
     cfg.validate().map_err(|e| CliError::usage(e.to_string()))?;
     Ok(cfg)
 }
 
+/// The tuner for `cfg` with the overrides: `--algo` / `--proto`, else
+/// `RINGCC_ALGO` / `RINGCC_PROTO` (NCCL_ALGO / NCCL_PROTO syntax). An
+/// algorithm the simulator cannot run is refused here, by name.
+pub fn tuner(t: &TopoArgs, cfg: &ClusterConfig) -> Result<Tuner, CliError> {
+    let mut tuner = cfg.tuner();
+    let from = |flag: &Option<String>, env: &str| -> Option<(String, String)> {
+        flag.clone()
+            .map(|v| (format!("--{}", &env[7..].to_ascii_lowercase()), v))
+            .or_else(|| std::env::var(env).ok().map(|v| (env.to_string(), v)))
+    };
+    if let Some((src, v)) = from(&t.algo, "RINGCC_ALGO") {
+        tuner.algos = AlgoSet::parse(&v).map_err(|e| CliError::usage(format!("{src} {v}: {e}")))?;
+        for a in Algorithm::ALL {
+            if tuner.algos.contains(a) && !ClusterConfig::CAPABILITIES.has_algorithm(a) {
+                return Err(CliError::usage(format!(
+                    "{src} {v}: the simulator cannot run {a} yet (it runs Ring; Tree comes with the core's tree executor)"
+                )));
+            }
+        }
+    }
+    if let Some((src, v)) = from(&t.proto, "RINGCC_PROTO") {
+        tuner.protos =
+            ProtoSet::parse(&v).map_err(|e| CliError::usage(format!("{src} {v}: {e}")))?;
+    }
+    Ok(tuner)
+}
+
 impl MockBackend {
     /// A simulated cluster of the flags' shape.
     pub fn new(t: &TopoArgs) -> Result<MockBackend, CliError> {
+        let cfg = config(t)?;
         Ok(MockBackend {
-            cfg: config(t)?,
+            tuner: tuner(t, &cfg)?,
+            cfg,
             timing: None,
             payload: [None, None],
             generated: None,
@@ -92,6 +145,18 @@ impl MockBackend {
         }
         slot.as_mut()
             .ok_or_else(|| CliError::internal("cluster missing"))
+    }
+}
+
+/// nccl-tests' size of a call: the whole buffer (`n` blocks for
+/// ReduceScatter and AllGather).
+pub fn nccl_tests_size(call: &Call, n: u32) -> u64 {
+    let bytes = call.count.saturating_mul(u64::from(call.dtype.size()));
+    match call.collective {
+        ringcc_core::Collective::ReduceScatter | ringcc_core::Collective::AllGather => {
+            bytes.saturating_mul(u64::from(n))
+        }
+        _ => bytes,
     }
 }
 
@@ -157,6 +222,13 @@ impl PerfBackend for MockBackend {
         let n = self.ranks();
         let calls = vec![*call; n as usize];
         let cluster = Self::cluster(&mut self.timing, &self.cfg, false)?;
+        let choice = self
+            .tuner
+            .choose(call.collective, nccl_tests_size(call, n))
+            .map_err(|e| CliError::usage(e.to_string()))?;
+        cluster
+            .set_protocol(choice.chosen.protocol)
+            .map_err(|e| run_failed("protocol", e))?;
         let mut total = 0.0;
         for i in 0..warmup.saturating_add(iters) {
             let report = cluster
