@@ -1,0 +1,397 @@
+//! Tree calls through the engine, case by case: ring and tree calls
+//! interleaved on the same engines (one sequence of call numbers, each
+//! kind's connections carried over), refusals that leave the engine
+//! usable, events no correct peer sends (typed errors that poison), and a
+//! stalled tree call's deadline naming the connection it waits on.
+
+use std::collections::HashMap;
+
+use ringcc_core::fifo::{FifoGeometry, STEPS};
+use ringcc_core::prim::{slice_result, tree_slice_result, Action, TreeAction, TreeConn};
+use ringcc_core::progress::{Channel, EngineError, Event, TreeChannel};
+use ringcc_core::tree::{TreePlan, UniformTree};
+use ringcc_core::verify::{fill_expected, fill_input};
+use ringcc_core::{
+    Blocked, Call, ChannelId, DataType, Engine, Error, InOrderRing, Primitive, ProtocolViolation,
+    Rank, ReduceOp, TreeOrder,
+};
+
+const CAP: usize = 2;
+const TIMEOUT: u64 = 1000;
+type Eng = Engine<InOrderRing, [Channel<InOrderRing>; CAP], [TreeChannel; CAP]>;
+
+fn g() -> FifoGeometry {
+    FifoGeometry::new(16, 1).unwrap()
+}
+
+fn engine(r: u32) -> Eng {
+    Engine::with_trees(
+        Rank(r),
+        [Channel::new(), Channel::new()],
+        [TreeChannel::new(), TreeChannel::new()],
+        TIMEOUT,
+    )
+}
+
+fn conn_to(t: &UniformTree, from: u32, to: u32) -> TreeConn {
+    let p = t.peers(Rank(from)).unwrap();
+    if p.up == Some(Rank(to)) {
+        return TreeConn::Up;
+    }
+    TreeConn::Down(p.down.iter().position(|d| *d == Some(Rank(to))).unwrap() as u8)
+}
+
+fn peer_on(t: &UniformTree, r: u32, conn: TreeConn) -> u32 {
+    let p = t.peers(Rank(r)).unwrap();
+    match conn {
+        TreeConn::Up => p.up.unwrap().0,
+        TreeConn::Down(i) => p.down[i as usize].unwrap().0,
+    }
+}
+
+/// Ranks driven in turn, every exec carried out at once and every event
+/// delivered at once.
+struct Sync {
+    nodes: u32,
+    gpus: u32,
+    engines: Vec<Eng>,
+    /// (tree?, channel, from, to, step) → data.
+    fifo: HashMap<(bool, u8, u32, u32, u64), Vec<u8>>,
+}
+
+impl Sync {
+    fn new(nodes: u32, gpus: u32) -> Sync {
+        Sync {
+            nodes,
+            gpus,
+            engines: (0..nodes * gpus).map(engine).collect(),
+            fifo: HashMap::new(),
+        }
+    }
+
+    fn n(&self) -> u32 {
+        self.nodes * self.gpus
+    }
+
+    /// Runs `call` on every rank (as a tree call when `tree`) and checks
+    /// every output against the reference.
+    fn run(&mut self, call: Call, tree: bool, channels: u32, salt: u64) {
+        let n = self.n();
+        let (nodes, gpus) = (self.nodes, self.gpus);
+        let plan = call.plan(n, channels, 16).unwrap();
+        let tplan = TreePlan::new(call.count, call.dtype, n, channels, 16).unwrap();
+        let es = call.elem();
+        let mut inputs = Vec::new();
+        let mut outputs = Vec::new();
+        for r in 0..n {
+            let mut b = vec![0u8; plan.input_len() as usize * es];
+            fill_input(&plan, call.op, r, salt, &mut b).unwrap();
+            inputs.push(b);
+            outputs.push(vec![0u8; plan.output_len() as usize * es]);
+            let seq = self.engines[r as usize].seq();
+            let e = &mut self.engines[r as usize];
+            let desc = if tree {
+                e.start_tree(0, &call, &tplan, g(), |c| {
+                    UniformTree::for_channel(nodes, gpus, c)
+                })
+            } else {
+                e.start(0, &call, &plan, g(), |_| InOrderRing { ranks: n })
+            }
+            .unwrap();
+            assert_eq!(desc.seq, seq);
+        }
+        let mut rounds = 0;
+        while self.engines.iter().any(|e| !e.is_idle()) {
+            rounds += 1;
+            assert!(rounds < 100_000, "stuck");
+            for r in 0..n {
+                if tree {
+                    self.poll_tree(r, &call, &inputs, &mut outputs);
+                } else {
+                    self.poll_ring(r, &call, &inputs, &mut outputs);
+                }
+            }
+        }
+        for (r, out) in outputs.iter().enumerate() {
+            let mut want = vec![0u8; out.len()];
+            if fill_expected(&plan, call.op, r as u32, 0, salt, &mut want).unwrap() {
+                assert_eq!(&want, out, "rank {r} (tree: {tree})");
+            }
+        }
+    }
+
+    fn poll_ring(&mut self, r: u32, call: &Call, inputs: &[Vec<u8>], outputs: &mut [Vec<u8>]) {
+        let n = self.n();
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let es = call.elem();
+        while let Some((c, a)) = self.engines[r as usize].poll().unwrap() {
+            match a {
+                Action::Exec(e) => {
+                    let len = e.count as usize * es;
+                    let inc = e.recv.map(|s| {
+                        self.fifo
+                            .remove(&(false, c.0, prev, r, s.step))
+                            .expect("ring data")
+                    });
+                    let lo = e.input_offset as usize * es;
+                    let local = e
+                        .primitive
+                        .reads_input()
+                        .then(|| &inputs[r as usize][lo..lo + len]);
+                    let mut out = vec![0u8; len];
+                    slice_result(
+                        e.primitive,
+                        call.dtype,
+                        call.op,
+                        n,
+                        inc.as_deref(),
+                        local,
+                        &mut out,
+                    )
+                    .unwrap();
+                    if e.primitive.contains(Primitive::COPY) {
+                        let o = e.output_offset as usize * es;
+                        outputs[r as usize][o..o + len].copy_from_slice(&out);
+                    }
+                    if let Some(s) = e.send {
+                        self.fifo.insert((false, c.0, r, next, s.step), out);
+                        for ev in e.successor_events() {
+                            self.engines[next as usize].handle(0, c, ev).unwrap();
+                        }
+                    }
+                    self.engines[r as usize]
+                        .handle(0, c, Event::ExecDone)
+                        .unwrap();
+                }
+                Action::ReturnCredit { head } => {
+                    self.engines[prev as usize]
+                        .handle(0, c, Event::Head(head))
+                        .unwrap();
+                }
+                Action::Done => {}
+            }
+        }
+    }
+
+    fn poll_tree(&mut self, r: u32, call: &Call, inputs: &[Vec<u8>], outputs: &mut [Vec<u8>]) {
+        let n = self.n();
+        let es = call.elem();
+        while let Some((c, a)) = self.engines[r as usize].poll_tree().unwrap() {
+            let t = UniformTree::for_channel(self.nodes, self.gpus, c);
+            match a {
+                TreeAction::Exec(e) => {
+                    let len = e.count as usize * es;
+                    let inc: Vec<Vec<u8>> = e
+                        .recv_conns()
+                        .map(|(conn, s)| {
+                            let from = peer_on(&t, r, conn);
+                            self.fifo
+                                .remove(&(true, c.0, from, r, s.step))
+                                .expect("tree data")
+                        })
+                        .collect();
+                    let lo = e.input_offset as usize * es;
+                    let local = e
+                        .primitive
+                        .reads_input()
+                        .then(|| &inputs[r as usize][lo..lo + len]);
+                    let mut out = vec![0u8; len];
+                    tree_slice_result(
+                        e.primitive,
+                        call.dtype,
+                        call.op,
+                        n,
+                        inc.iter().map(Vec::as_slice),
+                        local,
+                        &mut out,
+                    )
+                    .unwrap();
+                    if e.primitive.contains(Primitive::COPY) {
+                        let o = e.output_offset as usize * es;
+                        outputs[r as usize][o..o + len].copy_from_slice(&out);
+                    }
+                    for (conn, s) in e.send_conns() {
+                        let to = peer_on(&t, r, conn);
+                        self.fifo.insert((true, c.0, r, to, s.step), out.clone());
+                        let back = conn_to(&t, to, r);
+                        for ev in e.peer_events(conn) {
+                            self.engines[to as usize]
+                                .handle_tree(0, c, back, ev)
+                                .unwrap();
+                        }
+                    }
+                    self.engines[r as usize]
+                        .handle_tree(0, c, TreeConn::Up, Event::ExecDone)
+                        .unwrap();
+                }
+                TreeAction::ReturnCredit { conn, head } => {
+                    let to = peer_on(&t, r, conn);
+                    let back = conn_to(&t, to, r);
+                    self.engines[to as usize]
+                        .handle_tree(0, c, back, Event::Head(head))
+                        .unwrap();
+                }
+                TreeAction::Done => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn ring_and_tree_calls_share_one_engine() {
+    for (nodes, gpus) in [(1, 1), (1, 2), (2, 1), (3, 2), (5, 3), (8, 2)] {
+        let mut w = Sync::new(nodes, gpus);
+        let sum = Call::all_reduce(70, DataType::F32, ReduceOp::Sum);
+        let avg = Call::all_reduce(33, DataType::I32, ReduceOp::Avg);
+        let ag = Call::all_gather(9, DataType::U8);
+        w.run(sum, false, 2, 1);
+        w.run(sum, true, 2, 2);
+        w.run(avg, true, 1, 3);
+        w.run(ag, false, 2, 4);
+        w.run(avg, false, 1, 5);
+        w.run(sum, true, 2, 6);
+        for e in &w.engines {
+            assert_eq!(e.seq(), 6);
+            assert!(!e.is_tree_call() || e.is_idle());
+        }
+        assert!(w.fifo.is_empty(), "every slot read");
+    }
+}
+
+fn tree_call() -> (Call, TreePlan) {
+    let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
+    (call, TreePlan::new(16, DataType::F32, 2, 1, 16).unwrap())
+}
+
+fn start(e: &mut Eng) -> Result<ringcc_core::CallDesc, EngineError> {
+    let (call, plan) = tree_call();
+    e.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 2, c))
+}
+
+#[test]
+fn refusals_leave_the_engine_usable() {
+    let mut e = engine(0);
+    // More channels than the tree storage.
+    let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
+    let wide = TreePlan::new(16, DataType::F32, 2, 3, 16).unwrap();
+    let r = e.start_tree(0, &call, &wide, g(), |c| UniformTree::for_channel(1, 2, c));
+    assert!(matches!(r, Err(EngineError::BadChannel { .. })), "{r:?}");
+    // A tree of another size.
+    let (call, plan) = tree_call();
+    let r = e.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(2, 2, c));
+    assert_eq!(
+        r.map_err(|e| e.core()),
+        Err(Some(Error::BadTopology)),
+        "a tree of 4 ranks for a plan of 2"
+    );
+    // Not an AllReduce.
+    let bc = Call::broadcast(16, DataType::F32, Rank(0));
+    let r = e.start_tree(0, &bc, &plan, g(), |c| UniformTree::for_channel(1, 2, c));
+    assert_eq!(r.map_err(|e| e.core()), Err(Some(Error::PlanMismatch)));
+    assert!(e.failure().is_none() && e.is_idle());
+    start(&mut e).unwrap();
+    assert_eq!(start(&mut e), Err(EngineError::Busy));
+    assert!(e.is_tree_call());
+}
+
+#[test]
+fn impossible_tree_events_are_typed_errors_that_poison() {
+    let bad = |f: &dyn Fn(&mut Eng) -> Result<(), EngineError>, want: Error| {
+        let mut e = engine(1); // the leaf of a 2-rank tree: only `Up`
+        start(&mut e).unwrap();
+        let got = f(&mut e).unwrap_err();
+        assert_eq!(got.core(), Some(want), "{got}");
+        assert_eq!(e.poll_tree(), Err(EngineError::Poisoned));
+        assert_eq!(e.failure(), Some(got));
+    };
+    let c = ChannelId(0);
+    bad(
+        &|e| e.handle_tree(0, c, TreeConn::Down(0), Event::Tail(1)),
+        Error::BadTopology,
+    );
+    bad(
+        &|e| e.handle_tree(0, c, TreeConn::Up, Event::Tail(STEPS + 1)),
+        Error::Protocol(ProtocolViolation::Overrun),
+    );
+    bad(
+        &|e| e.handle_tree(0, c, TreeConn::Up, Event::Head(1)),
+        Error::Protocol(ProtocolViolation::HeadAhead),
+    );
+    bad(
+        &|e| e.handle_tree(0, c, TreeConn::Up, Event::ExecDone),
+        Error::NoExecPending,
+    );
+    // Data without the call header on the connection's first message.
+    bad(
+        &|e| {
+            // The leaf sends up first; take that exec and complete it.
+            while let Some((c, a)) = e.poll_tree()? {
+                if let TreeAction::Exec(_) = a {
+                    e.handle_tree(0, c, TreeConn::Up, Event::ExecDone)?;
+                }
+            }
+            e.handle_tree(0, c, TreeConn::Up, Event::Tail(1))?;
+            e.poll_tree().map(|_| ())
+        },
+        Error::Protocol(ProtocolViolation::MissingHeader),
+    );
+    // A header for another call on the connection.
+    bad(
+        &|e| {
+            let (call, _) = tree_call();
+            let mut other = call.desc(0);
+            other.count = 15;
+            e.handle_tree(
+                0,
+                c,
+                TreeConn::Up,
+                Event::Header {
+                    step: 0,
+                    desc: other,
+                },
+            )
+        },
+        Error::MismatchedCall {
+            expected: tree_call().0.desc(0),
+            got: {
+                let mut o = tree_call().0.desc(0);
+                o.count = 15;
+                o
+            },
+        },
+    );
+}
+
+#[test]
+fn a_stalled_tree_call_names_the_connection_it_waits_on() {
+    // The root of a 1-node, 3-rank chain waits for its child's data.
+    let mut e: Eng = engine(0);
+    let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
+    let plan = TreePlan::new(16, DataType::F32, 3, 1, 16).unwrap();
+    e.start_tree(5, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
+        .unwrap();
+    assert_eq!(e.poll_tree(), Ok(None));
+    let b = e.tree_blocked_on(ChannelId(0));
+    assert_eq!(b.conn, Some(TreeConn::Down(0)));
+    assert_eq!(b.blocked, Blocked::Data { tail: 0, need: 1 });
+    assert!(b.to_string().contains("data from a child"), "{b}");
+    assert_eq!(e.poll_timeout(), Some(5 + TIMEOUT));
+    assert_eq!(e.handle_timeout(5 + TIMEOUT - 1), Ok(()));
+    match e.handle_timeout(5 + TIMEOUT) {
+        Err(EngineError::Timeout(s)) => {
+            assert_eq!(s.channel, ChannelId(0));
+            assert_eq!(s.blocked, Blocked::Data { tail: 0, need: 1 });
+            assert_eq!(s.waited, TIMEOUT);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The middle rank of the chain waits for its child's data too.
+    let mut m: Eng = engine(1);
+    m.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
+        .unwrap();
+    assert_eq!(m.poll_tree(), Ok(None));
+    assert_eq!(
+        m.tree_blocked_on(ChannelId(0)).conn,
+        Some(TreeConn::Down(0))
+    );
+}
