@@ -1,30 +1,49 @@
 //! The calibrated simulator against published `all_reduce_perf` tables
-//! (`data/published/*.json`, each with its source): for every table with
-//! a matching preset, simulate the table's sizes with the tuner's choice
-//! (Ring only: the simulator cannot run Tree yet) and print simulated /
-//! published busbw per size and the 8 B latency ratio.
+//! (`data/published/*.json`, each with its source URL): for every table
+//! with a matching preset, simulate the table's sizes with the tuner's
+//! choice (Ring only: the simulator cannot run Tree yet), print the
+//! simulated / published ratio per size and a verdict per table, and
+//! assert the targets of issue 18:
 //!
-//! The targets (issue 18): Ring (`NCCL_ALGO=Ring` tables) within ±15 % of
-//! busbw at every size from 1 MiB to 8 GiB; default-algorithm 8 B latency
-//! within ±30 %. What is asserted here is only what the data and the
-//! simulator can honestly be held to today (see the README's "Tuning and
-//! the calibrated simulator"): every table parses and every run finishes;
-//! the ratios are printed (`--nocapture`) for the record.
+//! - **Ring** (`"nccl_algo": "Ring"` tables): busbw within ±15 % at every
+//!   published size from 1 MiB to 8 GiB;
+//! - **8 B latency** within ±30 % (the default-algorithm target; the 8 B
+//!   row of a Ring table is held to it too, since the simulator runs Ring).
+//!
+//! A table or a row the simulator is known to miss carries
+//! `"known_miss": "why"` in its JSON: it is printed and reported, not
+//! asserted, so that the assertion covers the rest. Default-algorithm
+//! busbw rows (NCCL runs Tree / NVLS there) are printed, never asserted.
+//!
+//! A table's shape comes from the table, not only from the preset:
+//! `gpus_per_node`, and optionally `nics_per_node` and `nic_gbits`
+//! (the NIC's line rate in Gb/s), override the preset's.
+//!
+//! Run: `cargo test -p ringcc-mock --release --test published -- --nocapture`.
 
 use std::path::PathBuf;
 
 use ringcc_core::{Collective, DataType, ReduceOp};
-use ringcc_mock::{Call, Cluster, Preset};
+use ringcc_mock::{Call, Cluster, ClusterConfig, Preset};
+use serde_json::Value;
 
-fn tables() -> Vec<(String, serde_json::Value)> {
+/// Ring busbw target: within ±15 %.
+const RING_TOLERANCE: f64 = 0.15;
+/// 8 B latency target: within ±30 %.
+const LATENCY_TOLERANCE: f64 = 0.30;
+/// The sizes the Ring target covers.
+const RING_SIZES: std::ops::RangeInclusive<u64> = (1 << 20)..=(8 << 30);
+
+fn tables() -> Vec<(String, Value)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/published");
     let mut out: Vec<_> = std::fs::read_dir(&dir)
         .expect("data/published")
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .map(|p| {
-            let v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            let text = std::fs::read_to_string(&p).unwrap();
+            let v: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (p.file_name().unwrap().to_string_lossy().into_owned(), v)
         })
         .collect();
@@ -53,29 +72,65 @@ fn simulate(cluster: &mut Cluster, bytes: u64) -> (f64, ringcc_core::Protocol) {
     (cluster.now() - t0, choice.protocol)
 }
 
+/// The preset's configuration with the table's shape.
+fn config(preset: Preset, t: &Value) -> ClusterConfig {
+    let nodes = t["nodes"].as_u64().expect("nodes") as u32;
+    let mut cfg = preset.config(nodes);
+    cfg.gpus_per_node = t["gpus_per_node"].as_u64().expect("gpus_per_node") as u32;
+    if let Some(n) = t["nics_per_node"].as_u64() {
+        cfg.nics_per_node = n as u16;
+    }
+    if let Some(g) = t["nic_gbits"].as_f64() {
+        cfg.nic.bandwidth = g * 1e9 / 8.0;
+    }
+    cfg
+}
+
+/// What a row is held to.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    /// 8 B latency, ±30 %.
+    Latency,
+    /// Ring busbw, ±15 %.
+    RingBusbw,
+    /// Printed only (default-algorithm busbw).
+    None,
+}
+
 #[test]
 fn published_tables() {
     let tables = tables();
-    assert!(tables.len() >= 3, "data/published holds {}", tables.len());
-    for (name, t) in tables {
+    assert!(tables.len() >= 4, "data/published holds {}", tables.len());
+    let mut failures = Vec::new();
+    let mut known = Vec::new();
+    let (mut met, mut held) = (0, 0);
+    for (name, t) in &tables {
         let rows = t["rows"].as_array().expect("rows");
         assert!(!rows.is_empty(), "{name}: no rows");
-        assert!(t["source"].as_str().unwrap().starts_with("https://"));
+        assert!(
+            t["source"].as_str().unwrap().starts_with("https://"),
+            "{name}: source"
+        );
+        for r in rows {
+            for k in ["size", "time_us", "algbw", "busbw"] {
+                assert!(r[k].is_number(), "{name}: row without {k}: {r}");
+            }
+        }
         let Some(preset) = t["preset"].as_str().and_then(Preset::parse) else {
-            println!("{name}: no matching preset, not simulated");
+            println!("\n{name}: no matching preset, not simulated");
             continue;
         };
-        let nodes = t["nodes"].as_u64().unwrap() as u32;
-        let mut cfg = preset.config(nodes);
-        if let Some(g) = t["nic_gbits"].as_f64() {
-            cfg.nic.bandwidth = g * 1e9 / 8.0;
-        }
+        let cfg = config(preset, t);
         let ranks = cfg.ranks() as u32;
         let ring = t["nccl_algo"].as_str() == Some("Ring");
+        let table_miss = t["known_miss"].as_str();
         println!(
-            "{name}: preset {}, {} ranks, NCCL_ALGO={}",
+            "\n{name}: preset {}, {} nodes x {} GPUs, {} NICs of {:.0} Gb/s, NCCL_ALGO={}",
             preset.name(),
-            ranks,
+            cfg.nodes,
+            cfg.gpus_per_node,
+            cfg.nics_per_node,
+            cfg.nic.bandwidth * 8.0 / 1e9,
             t["nccl_algo"].as_str().unwrap_or("(default)")
         );
         println!(
@@ -83,39 +138,89 @@ fn published_tables() {
             "size", "proto", "pub us", "sim us", "pub busbw", "sim busbw", "ratio"
         );
         let mut cluster = Cluster::new(cfg).unwrap();
+        let (mut t_met, mut t_held, mut t_known, mut t_fail) = (0, 0, 0, 0);
         for r in rows {
             let size = r["size"].as_u64().unwrap();
-            let in_range = size == 8 || (1 << 20..=8 << 30).contains(&size);
-            if !in_range {
+            let target = if size == 8 {
+                Target::Latency
+            } else if ring && RING_SIZES.contains(&size) {
+                Target::RingBusbw
+            } else if RING_SIZES.contains(&size) {
+                Target::None
+            } else {
                 continue;
-            }
+            };
             let (secs, proto) = simulate(&mut cluster, size);
             let factor = Collective::AllReduce.bus_factor(ranks);
             let sim_busbw = size as f64 / secs / 1e9 * factor;
             let pub_us = r["time_us"].as_f64().unwrap();
             let pub_busbw = r["busbw"].as_f64().unwrap();
-            let ratio = if size == 8 {
+            let ratio = if target == Target::Latency {
                 secs * 1e6 / pub_us
             } else {
                 sim_busbw / pub_busbw
             };
-            let target = match (size, ring) {
-                (8, _) => (ratio - 1.0).abs() <= 0.30,
-                (_, true) => (ratio - 1.0).abs() <= 0.15,
-                (_, false) => true,
+            let (what, tol) = match target {
+                Target::Latency => ("latency", LATENCY_TOLERANCE),
+                Target::RingBusbw => ("Ring busbw", RING_TOLERANCE),
+                Target::None => ("", f64::INFINITY),
+            };
+            let within = (ratio - 1.0).abs() <= tol;
+            let miss = r["known_miss"].as_str().or(table_miss);
+            let verdict = match (target, within, miss) {
+                (Target::None, ..) => "  (default algorithm: not a Ring target)".to_string(),
+                (_, true, _) => format!("  ({what}, within {:.0} %)", tol * 100.0),
+                (_, false, Some(why)) => {
+                    format!(
+                        "  ({what}, OUTSIDE {:.0} %: KNOWN MISS: {why})",
+                        tol * 100.0
+                    )
+                }
+                (_, false, None) => format!("  ({what}, OUTSIDE {:.0} %: FAILS)", tol * 100.0),
             };
             println!(
-                "{size:>12} {:>6} {pub_us:>10.1} {:>10.1} {pub_busbw:>9.2} {sim_busbw:>9.2} {ratio:>7.3}{}",
+                "{size:>12} {:>6} {pub_us:>10.1} {:>10.1} {pub_busbw:>9.2} {sim_busbw:>9.2} {ratio:>7.3}{verdict}",
                 proto.name(),
                 secs * 1e6,
-                match (size, ring, target) {
-                    (8, _, true) => "  (latency, within 30 %)",
-                    (8, _, false) => "  (latency, OUTSIDE 30 %)",
-                    (_, false, _) => "  (default algorithm: not a Ring target)",
-                    (_, true, true) => "  (Ring, within 15 %)",
-                    (_, true, false) => "  (Ring, OUTSIDE 15 %)",
-                }
             );
+            if target == Target::None {
+                continue;
+            }
+            t_held += 1;
+            let line = format!(
+                "{name} {size} B: {what} ratio {ratio:.3} (±{:.0} %)",
+                tol * 100.0
+            );
+            match (within, miss) {
+                (true, _) => t_met += 1,
+                (false, Some(why)) => {
+                    t_known += 1;
+                    known.push(format!("{line}: {why}"));
+                }
+                (false, None) => {
+                    t_fail += 1;
+                    failures.push(line);
+                }
+            }
         }
+        println!(
+            "verdict: {t_met} of {t_held} targets met, {t_known} known misses, {t_fail} failures{}",
+            if t_held == 0 {
+                " (no target applies)"
+            } else {
+                ""
+            }
+        );
+        met += t_met;
+        held += t_held;
     }
+    println!("\nall tables: {met} of {held} targets met");
+    for k in &known {
+        println!("known miss: {k}");
+    }
+    assert!(
+        failures.is_empty(),
+        "targets missed (not marked known_miss):\n{}",
+        failures.join("\n")
+    );
 }
