@@ -38,6 +38,13 @@
 # ranks oversubscribe a 2-CPU machine: OpenMPI yields (--oversubscribe),
 # MPICH spins, and its small-size times there are scheduler ticks.
 #
+# Protocols: ringcc chooses per call (LL up to 1 KiB, else Simple);
+# the `ringccsimple` column is the same ringcc forced to Simple
+# (RINGCC_PROTO=Simple), so its xringccsimple ratio at 8 B is LL's gain
+# over Simple in the same run. BENCH_IMPLS (space-separated, ringcc
+# first) picks the columns, e.g. BENCH_IMPLS="ringcc ringccsimple" for
+# the protocol comparison alone (no MPI needed).
+#
 # Environment: BENCH_BYTES (comma list, default
 # 8,65536,1048576,4194304,16777216,67108864,268435456), BENCH_ROUNDS (3),
 # BENCH_ITER_BYTES (268435456), BENCH_CHANNELS (ringcc --channels; default
@@ -55,8 +62,10 @@ ITER_BYTES=${BENCH_ITER_BYTES:-268435456}
 CH=${BENCH_CHANNELS:-}
 
 need=()
+IMPL_OVERRIDE=${BENCH_IMPLS:-}
 for t in mpicc.openmpi mpirun.openmpi; do command -v $t >/dev/null || need+=(openmpi-bin libopenmpi-dev); done
 for t in mpicc.mpich mpirun.mpich; do command -v $t >/dev/null || need+=(mpich libmpich-dev); done
+if [ -n "$IMPL_OVERRIDE" ] && [[ "$IMPL_OVERRIDE" != *mpi* ]]; then need=(); fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "bench-host: installing openmpi-bin libopenmpi-dev mpich libmpich-dev" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -67,8 +76,12 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --locked --release -q -p ringcc
 RINGCC=$TARGET/release/ringcc
 mkdir -p "$TARGET"
-mpicc.openmpi -O2 -o "$TARGET/mpi_allreduce.openmpi" scripts/bench/mpi_allreduce.c
-mpicc.mpich -O2 -o "$TARGET/mpi_allreduce.mpich" scripts/bench/mpi_allreduce.c
+if command -v mpicc.openmpi >/dev/null; then
+  mpicc.openmpi -O2 -o "$TARGET/mpi_allreduce.openmpi" scripts/bench/mpi_allreduce.c
+fi
+if command -v mpicc.mpich >/dev/null; then
+  mpicc.mpich -O2 -o "$TARGET/mpi_allreduce.mpich" scripts/bench/mpi_allreduce.c
+fi
 OUT=$(mktemp -d)
 NS_A=ringcc-bench-a-$$ NS_B=ringcc-bench-b-$$
 cleanup() {
@@ -82,6 +95,7 @@ iters() { local n=$(( ITER_BYTES / $1 )); (( n < 5 )) && n=5; (( n > 200 )) && n
 # Each IMPL_MODE NP BYTES prints "bytes time_us busbw_GBps" (ringcc: its out-of-place columns).
 ringcc_shm() { local np=$1 b=$2; "$RINGCC" perf allreduce --backend host --np "$np" -b "$b" -e "$b" \
     -n "$(iters "$b")" -w 1 -c 0 ${CH:+--channels "$CH"} | awk '!/^#/ && NF {print $1, $6, $8}'; }
+ringccsimple_shm() { RINGCC_PROTO=Simple ringcc_shm "$@"; }
 openmpi_shm() { mpirun.openmpi --allow-run-as-root --oversubscribe -np "$1" --mca btl self,vader \
     "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'; }
 mpich_shm() { mpirun.mpich -np "$1" "$TARGET/mpi_allreduce.mpich" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'; }
@@ -125,10 +139,12 @@ EOF
   RESULT=$TARGET/bench-host-tcp.txt
   TITLE="ringcc-host TCP (2 ranks, RINGCC_NODE=a|b, one per network namespace, veth) vs OpenMPI (btl self,tcp, same veth)"
 else
-  IMPLS=(ringcc openmpi mpich)
+  IMPLS=(ringcc ringccsimple openmpi mpich)
   RESULT=$TARGET/bench-host.txt
   TITLE="ringcc-host shm (--np N) vs OpenMPI (btl self,vader) and MPICH, N ranks on this host"
 fi
+
+if [ -n "$IMPL_OVERRIDE" ]; then read -r -a IMPLS <<< "$IMPL_OVERRIDE"; fi
 
 for round in $(seq "$ROUNDS"); do
   for np in "${NPS[@]}"; do

@@ -4,8 +4,10 @@
 //! words: line 0 carries the byte count of the data in word 0, lines
 //! `1..` carry the data, 120 bytes each (15 little-endian words, the last
 //! zero-padded); word 15 of every line is the step's flag
-//! ([`flag_of`](super::flag_of), all 64 bits). The writer stores a line's
-//! data words (relaxed), then its flag word with release; the reader
+//! ([`flag_of`](super::flag_of), all 64 bits). The writer stores the data
+//! lines in order, then line 0 (as LL, so that a reader polling line 0
+//! does not chase the writer through the slot); each line's data words
+//! (relaxed), then its flag word with release; the reader
 //! loads the flag with acquire and, when it is this step's, the data
 //! words — the writes before the flag's release. (On a GPU NCCL relies on
 //! 128-byte stores reaching the peer whole; on a CPU the release/acquire
@@ -69,20 +71,23 @@ pub fn write(words: &[AtomicU64], step: u64, data: &[u8]) -> Result<(), Error> {
         });
     };
     let f = super::flag_of(step);
-    store_line(head, core::iter::once(data.len() as u64), f);
     for (i, chunk) in data.chunks(LINE_DATA).enumerate() {
         let Some(l) = line(words, i.saturating_add(1)) else {
             break; // unreachable: the length fits the lines
         };
-        let values = chunk.chunks(8).map(|c| {
-            let mut b = [0u8; 8];
-            for (d, s) in b.iter_mut().zip(c) {
-                *d = *s;
+        let values = chunk.chunks(8).map(|c| match <[u8; 8]>::try_from(c) {
+            Ok(b) => u64::from_le_bytes(b),
+            Err(_) => {
+                let mut b = [0u8; 8];
+                for (d, s) in b.iter_mut().zip(c) {
+                    *d = *s;
+                }
+                u64::from_le_bytes(b)
             }
-            u64::from_le_bytes(b)
         });
         store_line(l, values, f);
     }
+    store_line(head, core::iter::once(data.len() as u64), f);
     Ok(())
 }
 
@@ -159,8 +164,13 @@ impl Reader {
             })?;
             for (d, w) in dst.chunks_mut(8).zip(data) {
                 let b = w.load(Ordering::Relaxed).to_le_bytes();
-                for (x, y) in d.iter_mut().zip(b) {
-                    *x = y;
+                match <&mut [u8; 8]>::try_from(&mut *d) {
+                    Ok(whole) => *whole = b,
+                    Err(_) => {
+                        for (x, y) in d.iter_mut().zip(b) {
+                            *x = y;
+                        }
+                    }
                 }
             }
             self.done = self.done.saturating_add(1);
