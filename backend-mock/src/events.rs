@@ -94,6 +94,8 @@ pub(crate) enum Ev {
     /// A queue pair's retransmission timer, or (`rnr`) the end of its
     /// receiver-not-ready back-off.
     QpTimer { qp: u32, rnr: bool },
+    /// A tree call's event (the slab entry `id` of the tree's messages).
+    Tree { id: u32 },
 }
 
 impl Ev {
@@ -139,6 +141,7 @@ impl Ev {
             Ev::PortTx { port } => (9, u64::from(port), 0),
             Ev::Packet { frame } => (10, u64::from(frame), 0),
             Ev::QpTimer { qp, rnr } => (11, u64::from(qp), u64::from(rnr)),
+            Ev::Tree { id } => (12, u64::from(id), 0),
         }
     }
 }
@@ -206,6 +209,7 @@ impl Packed {
             8 => Ev::Doorbell { qp: lo, upto: b32 },
             9 => Ev::PortTx { port: lo },
             10 => Ev::Packet { frame: lo },
+            12 => Ev::Tree { id: lo },
             _ => Ev::QpTimer {
                 qp: lo,
                 rnr: b != 0,

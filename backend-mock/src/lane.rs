@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
 use ringcc_core::prim::{Action, Next};
-use ringcc_core::progress::{Channel, Engine, EngineError, Event};
+use ringcc_core::progress::{Channel, Engine, EngineError, Event, TreeChannel};
 use ringcc_core::protocol::post::widen_step;
 use ringcc_core::{CallDesc, ChannelId, Rank};
 
@@ -119,7 +119,7 @@ impl Credits {
 
 /// A rank's progress engine: the core's, over its channels (its window
 /// of the cluster's channel array).
-pub(crate) type RankEngine = Engine<RingRef, Window<Channel<RingRef>>>;
+pub(crate) type RankEngine = Engine<RingRef, Window<Channel<RingRef>>, Box<[TreeChannel]>>;
 
 /// One (channel, rank): what its events touch.
 ///
@@ -256,7 +256,8 @@ impl Lanes {
         let mut windows = all.split(per_rank).into_iter();
         let engines = HugeSlice::from_fn(ranks, |r| {
             let channels = windows.next().expect("a window per rank");
-            RankEngine::new(Rank(r as u32), channels, timeout)
+            let trees = (0..per_rank).map(|_| TreeChannel::new()).collect();
+            RankEngine::with_trees(Rank(r as u32), channels, trees, timeout)
         });
         Lanes {
             hot,

@@ -110,6 +110,7 @@ mod report;
 mod rnic;
 mod sim;
 mod trace;
+mod treerun;
 
 use std::io::{self, Write};
 
@@ -235,6 +236,13 @@ impl Cluster {
     /// anything but Simple.
     pub fn set_protocol(&mut self, protocol: ringcc_core::Protocol) -> Result<(), Error> {
         self.sim.set_protocol(protocol)
+    }
+
+    /// Switches the algorithm later runs use: Ring (the default) or Tree
+    /// (NCCL's double binary tree with chains inside nodes; AllReduce
+    /// only, timing-only: fails in payload mode).
+    pub fn set_algorithm(&mut self, algorithm: ringcc_core::Algorithm) -> Result<(), Error> {
+        self.sim.set_algorithm(algorithm)
     }
 
     /// Counters, per-link traffic and the event-log hash, as of the end

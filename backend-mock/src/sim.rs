@@ -82,6 +82,10 @@ pub(crate) struct Sim {
     pub xfers: Slab<Xfer>,
     pub time: Timing,
     pub aborted: Option<Error>,
+    /// The algorithm later runs use (Ring unless set).
+    pub algorithm: ringcc_core::Algorithm,
+    /// A tree call's transport state.
+    pub tree: crate::treerun::TreeState,
 }
 
 /// The configuration's times and rates in simulator units.
@@ -169,14 +173,78 @@ impl Sim {
         Ok(())
     }
 
-    fn apply_protocol(&mut self) {
+    /// Every rank's tree plan of a tree call (AllReduce only), and the
+    /// trees' peers.
+    fn tree_plans(
+        &mut self,
+        calls: &[Call],
+        chunk_bytes: u64,
+    ) -> Result<Vec<ringcc_core::TreePlan>, Error> {
+        let n = self.fab.ranks;
+        let plans = calls
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let invalid = |source| Error::InvalidCall {
+                    rank: Rank(r as u32),
+                    source,
+                };
+                if c.collective != ringcc_core::Collective::AllReduce {
+                    return Err(invalid(ringcc_core::Error::BadTopology));
+                }
+                ringcc_core::TreePlan::new(c.count, c.dtype, n, self.cfg.channels, chunk_bytes)
+                    .map_err(invalid)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let used = plans.first().map_or(0, |p| p.channels());
+        self.tree_peers(used)?;
+        Ok(plans)
+    }
+
+    /// The FIFO geometry and chunk of a call under the run's protocol
+    /// (`core::line`'s): Simple keeps the configured ones; LL and LL128
+    /// use one slot per slice, NCCL's slot size (LL 32 KiB of data,
+    /// LL128 576,000 B, capped by the configured slot) and a chunk of one
+    /// slice. So an LL connection has 8 slices in flight where Simple has
+    /// 4: on a NIC hop, whose credit comes back a network round trip
+    /// later, that is half the credit stalls of a small message.
+    pub fn call_geometry(&self) -> Result<(ringcc_core::fifo::FifoGeometry, u64), Error> {
+        let p = self.cfg.protocol;
+        let g = p
+            .fifo_geometry(self.cfg.geometry)
+            .map_err(|e| Error::BadConfig {
+                what: format!("{p} cannot cut this FIFO geometry into slots: {e}"),
+            })?;
+        Ok((g, p.chunk_bytes(g, self.cfg.chunk_bytes)))
+    }
+
+    /// The (NVLink, NIC) hop latencies of the run's protocol, seconds.
+    pub fn protocol_latencies(&self) -> (f64, f64) {
         use ringcc_core::Protocol;
         let k = &self.cfg.calibration;
-        let (nvlink, nic) = match self.cfg.protocol {
+        match self.cfg.protocol {
             Protocol::Simple => (self.cfg.nvlink.latency, self.cfg.nic.latency),
             Protocol::Ll => (k.ll.nvlink, k.ll.nic),
             Protocol::Ll128 => (k.ll128.nvlink, k.ll128.nic),
-        };
+        }
+    }
+
+    /// Switches the algorithm of later runs (Tree: AllReduce only,
+    /// timing-only).
+    pub fn set_algorithm(&mut self, algorithm: ringcc_core::Algorithm) -> Result<(), Error> {
+        if algorithm == ringcc_core::Algorithm::Tree && self.cfg.payload {
+            return Err(Error::BadConfig {
+                what: "tree calls run timing-only in the simulator (payload mode moves the \
+                       ring's slices only)"
+                    .into(),
+            });
+        }
+        self.algorithm = algorithm;
+        Ok(())
+    }
+
+    fn apply_protocol(&mut self) {
+        let (nvlink, nic) = self.protocol_latencies();
         for l in &mut self.fab.links {
             l.latency = match l.kind {
                 crate::fabric::LinkKind::NvLink { .. } => ps(nvlink),
@@ -210,6 +278,8 @@ impl Sim {
             xfers: Slab::new(),
             events: Events::new(bucket_shift(lanes_len)),
             aborted: None,
+            algorithm: ringcc_core::Algorithm::Ring,
+            tree: Default::default(),
             lanes,
             fab,
             cfg,
@@ -305,23 +375,24 @@ impl Sim {
                 calls: calls.len(),
             });
         }
+        let (geometry, chunk_bytes) = self.call_geometry()?;
+        let tree = self.algorithm == ringcc_core::Algorithm::Tree;
+        let tree_plans = if tree {
+            Some(self.tree_plans(calls, chunk_bytes)?)
+        } else {
+            None
+        };
         let cfg = &self.cfg;
         let plans: Vec<Plan> = calls
             .iter()
             .enumerate()
             .map(|(r, c)| {
-                Plan::new(
-                    c.collective,
-                    c.count,
-                    c.dtype,
-                    n,
-                    cfg.channels,
-                    cfg.chunk_bytes,
+                Plan::new(c.collective, c.count, c.dtype, n, cfg.channels, chunk_bytes).map_err(
+                    |source| Error::InvalidCall {
+                        rank: Rank(r as u32),
+                        source,
+                    },
                 )
-                .map_err(|source| Error::InvalidCall {
-                    rank: Rank(r as u32),
-                    source,
-                })
             })
             .collect::<Result<_, _>>()?;
         match data {
@@ -368,15 +439,29 @@ impl Sim {
             rs.abort_sent = false;
         }
         let mut refused = Vec::new();
+        let (nodes, gpus) = (self.cfg.nodes, self.cfg.gpus_per_node);
         for (r, engine) in self.lanes.engines.iter_mut().enumerate() {
             let rings = &self.fab.rings;
-            let started = engine.start(now, &calls[r], &plans[r], self.cfg.geometry, |c| {
-                rings[usize::from(c.0)].clone()
-            });
+            let started = match &tree_plans {
+                Some(tp) => engine
+                    .start_tree(now, &calls[r], &tp[r], geometry, |c| {
+                        ringcc_core::UniformTree::for_channel(nodes, gpus, c)
+                    })
+                    .map(|_| ()),
+                None => engine
+                    .start(now, &calls[r], &plans[r], geometry, |c| {
+                        rings[usize::from(c.0)].clone()
+                    })
+                    .map(|_| ()),
+            };
             if let Err(e) = started {
                 refused.push((r as u32, e));
             }
         }
+        let tree_channels = tree_plans
+            .as_ref()
+            .and_then(|tp| tp.first())
+            .map(|p| p.channels());
         for l in 0..self.lanes.len() {
             let t = self.fab.lanes[l as usize];
             let dead = self.ranks[t.rank as usize].died.is_some();
@@ -389,6 +474,10 @@ impl Sim {
             lane.state = if dead {
                 self.run.finished += 1;
                 LaneState::Dead
+            } else if tree_channels.is_some_and(|used| t.channel >= used) {
+                // A channel the tree call does not use has nothing to do.
+                self.run.finished += 1;
+                LaneState::Done
             } else {
                 LaneState::Running
             };
@@ -403,8 +492,14 @@ impl Sim {
                 epoch: self.run.epoch,
             },
         );
-        for l in 0..self.lanes.len() {
-            self.drive_rank(l);
+        if tree {
+            for r in 0..n {
+                self.drive_tree(r);
+            }
+        } else {
+            for l in 0..self.lanes.len() {
+                self.drive_rank(l);
+            }
         }
         let total = self.lanes.len() as usize;
         loop {
@@ -525,6 +620,7 @@ impl Sim {
                 self.on_qp_timer(qp, rnr);
                 self.drain_cq();
             }
+            Ev::Tree { id } => self.on_tree(id),
         }
     }
 

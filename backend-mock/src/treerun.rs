@@ -1,0 +1,256 @@
+//! Tree AllReduce on the simulated cluster: each rank's core engine runs
+//! the call's [`TreeMachine`](ringcc_core::prim::TreeMachine)s
+//! ([`Engine::start_tree`](ringcc_core::Engine::start_tree) /
+//! [`handle_tree`](ringcc_core::Engine::handle_tree) /
+//! [`poll_tree`](ringcc_core::Engine::poll_tree)) inside the same run
+//! loop, watchdog, abort and lane states as a ring call; this module only
+//! carries out the tree's actions.
+//!
+//! The tree of channel `c` is the core's [`UniformTree`] (tree `c mod 2`
+//! of the double binary tree across nodes, a chain inside each node). A
+//! hop inside a node is NVLink, one between nodes the channel's NIC
+//! (`c mod nics` of the sending node), with the run's protocol latencies:
+//! a slice's bytes (the protocol's wire bytes) take the link's calibrated
+//! bandwidth on a serial resource per GPU pair (NVLink) or per NIC port
+//! (transmit side), then the hop latency; a NIC hop also pays the
+//! doorbell and the per-message overhead. Credits return after one hop
+//! latency. Timing-only: a tree call moves no bytes (payload mode refuses
+//! it), and NIC hops are flows, not queue pairs and packets.
+
+use std::collections::HashMap;
+
+use ringcc_core::prim::{TreeAction, TreeConn, TreeExec, TREE_CONNS};
+use ringcc_core::progress::Event;
+use ringcc_core::tree::{TreeOrder, UniformTree};
+use ringcc_core::{ChannelId, Primitive, Rank};
+
+use crate::error::Error;
+use crate::events::{Ev, Ps, Rate, Slab};
+use crate::lane::LaneState;
+use crate::sim::Sim;
+
+/// An event for one (channel, rank) of a tree call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TreeMsg {
+    pub rank: u32,
+    pub channel: u8,
+    /// The connection the event arrives on (ignored for `ExecDone`).
+    pub conn: TreeConn,
+    pub event: Event,
+}
+
+/// A peer on one connection: its rank and its connection back to us.
+type Peer = Option<(u32, TreeConn)>;
+
+/// The tree call's transport state.
+#[derive(Debug)]
+pub(crate) struct TreeState {
+    /// Per lane (`channel · ranks + rank`), per connection: the peer.
+    pub peers: Vec<[Peer; TREE_CONNS]>,
+    /// Events in flight ([`Ev::Tree`] names one).
+    pub msgs: Slab<TreeMsg>,
+    /// When a transmit resource is free: NVLink `(from, to)` GPU pair,
+    /// NIC port `(u32::MAX, port)`.
+    pub busy: HashMap<(u32, u32), Ps>,
+}
+
+impl Default for TreeState {
+    fn default() -> Self {
+        TreeState {
+            peers: Vec::new(),
+            msgs: Slab::new(),
+            busy: HashMap::new(),
+        }
+    }
+}
+
+impl Sim {
+    /// Whether the cluster's hop from `a` to `b` stays inside a node.
+    fn same_node(&self, a: u32, b: u32) -> bool {
+        let g = self.cfg.gpus_per_node.max(1);
+        a / g == b / g
+    }
+
+    /// Builds every (channel, rank)'s peers for `channels` tree channels.
+    pub(crate) fn tree_peers(&mut self, channels: u32) -> Result<(), Error> {
+        let (n, nodes, gpus) = (self.fab.ranks, self.cfg.nodes, self.cfg.gpus_per_node);
+        let mut peers = vec![[None; TREE_CONNS]; (self.fab.channels * n) as usize];
+        for c in 0..channels {
+            let tree = UniformTree::for_channel(nodes, gpus, ChannelId(c as u8));
+            for r in 0..n {
+                let p = tree
+                    .peers(Rank(r))
+                    .map_err(|source| Error::Topology { source })?;
+                let mut row = [None; TREE_CONNS];
+                if let Some(up) = p.up {
+                    let back = tree
+                        .peers(up)
+                        .map_err(|source| Error::Topology { source })?
+                        .down
+                        .iter()
+                        .position(|d| *d == Some(Rank(r)))
+                        .ok_or(Error::BadConfig {
+                            what: format!("tree {c}: rank {r} is not a child of its parent"),
+                        })?;
+                    row[0] = Some((up.0, TreeConn::Down(back as u8)));
+                }
+                for (i, d) in p.down.iter().enumerate() {
+                    if let Some(d) = d {
+                        row[1 + i] = Some((d.0, TreeConn::Up));
+                    }
+                }
+                peers[self.fab.lane(c, r) as usize] = row;
+            }
+        }
+        self.tree.peers = peers;
+        Ok(())
+    }
+
+    /// Schedules `event` for `rank`'s channel `channel` on `conn` at `at`.
+    fn tree_at(&mut self, at: Ps, rank: u32, channel: u8, conn: TreeConn, event: Event) {
+        let id = self.tree.msgs.insert(TreeMsg {
+            rank,
+            channel,
+            conn,
+            event,
+        });
+        self.events.at(at, Ev::Tree { id });
+    }
+
+    /// A tree event arrived: hand it to the rank's engine, then drive it.
+    pub(crate) fn on_tree(&mut self, id: u32) {
+        let Some(m) = self.tree.msgs.take(id) else {
+            return;
+        };
+        let l = self.fab.lane(u32::from(m.channel), m.rank);
+        if self.lanes[l].state != LaneState::Running {
+            return;
+        }
+        let now = self.events.now();
+        let engine = &mut self.lanes.engines[m.rank as usize];
+        if let Err(e) = engine.handle_tree(now, ChannelId(m.channel), m.conn, m.event) {
+            let err = self.engine_error(m.rank, e);
+            self.fail_lane(l, err);
+            return;
+        }
+        self.drive_tree(m.rank);
+    }
+
+    /// Polls `rank`'s engine until it waits, carrying out its tree actions.
+    pub(crate) fn drive_tree(&mut self, rank: u32) {
+        loop {
+            let polled = self.lanes.engines[rank as usize].poll_tree();
+            match polled {
+                Ok(Some((c, TreeAction::Exec(e)))) => {
+                    if let Err(err) = self.start_tree_exec(rank, c, &e) {
+                        let l = self.fab.lane(u32::from(c.0), rank);
+                        self.fail_lane(l, err);
+                        return;
+                    }
+                }
+                Ok(Some((c, TreeAction::ReturnCredit { conn, head }))) => {
+                    self.stats.credits += 1;
+                    let l = self.fab.lane(u32::from(c.0), rank);
+                    if let Some((peer, back)) = self.tree.peers[l as usize][conn.index()] {
+                        let at = self
+                            .events
+                            .now()
+                            .saturating_add(self.hop_latency(rank, peer));
+                        self.tree_at(at, peer, c.0, back, Event::Head(head));
+                    }
+                }
+                Ok(Some((c, TreeAction::Done))) => {
+                    self.lane_done(self.fab.lane(u32::from(c.0), rank));
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    // The first running lane fails; `fail_lane` aborts
+                    // the rank's others.
+                    let err = self.engine_error(rank, e);
+                    let running = (0..self.fab.channels)
+                        .map(|c| self.fab.lane(c, rank))
+                        .find(|&l| self.running(l));
+                    if let Some(l) = running {
+                        self.fail_lane(l, err);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One hop's latency under the run's protocol (a NIC hop with its
+    /// doorbell): what a credit or a slice's last byte takes.
+    fn hop_latency(&self, from: u32, to: u32) -> Ps {
+        let (nvlink, nic) = self.protocol_latencies();
+        if self.same_node(from, to) {
+            crate::events::ps(nvlink)
+        } else {
+            crate::events::ps(nic).saturating_add(self.time.doorbell)
+        }
+    }
+
+    /// Carries out one tree slice on `rank`'s GPU: its time, then its
+    /// sends, each peer told (header, then tail) when the slice arrives.
+    fn start_tree_exec(&mut self, rank: u32, c: ChannelId, e: &TreeExec) -> Result<(), Error> {
+        let now = self.events.now();
+        let elem = self.run.elem[rank as usize];
+        let bytes = e.count.saturating_mul(elem);
+        let p = e.primitive;
+        let recvs = e.recv_conns().count() as u64;
+        let touched = recvs
+            + u64::from(p.reads_input())
+            + u64::from(p.contains(Primitive::COPY))
+            + e.send_conns().count() as u64;
+        let mut done = now
+            .saturating_add(self.time.gpu_overhead)
+            .saturating_add(self.time.gpu_rate.time(touched * bytes));
+        let wire = self.time.wire_bytes(bytes);
+        if let Some(r) = self.time.channel_rate {
+            done = done.max(now.saturating_add(r.time(wire)));
+        }
+        let l = self.fab.lane(u32::from(c.0), rank);
+        let (nvlink_lat, nic_lat) = self.protocol_latencies();
+        let k = &self.cfg.calibration;
+        let nvlink_rate = Rate::new(self.cfg.nvlink.bandwidth * k.nvlink_efficiency);
+        let nic_rate = Rate::new(self.cfg.nic.bandwidth * k.nic_efficiency);
+        let mut arrivals = [None; TREE_CONNS];
+        // NVLink stores stream while the slice computes; the NIC sends
+        // from staging once the slice is done.
+        for (conn, _) in e.send_conns() {
+            let Some((peer, back)) = self.tree.peers[l as usize][conn.index()] else {
+                return Err(Error::BadConfig {
+                    what: format!("rank {rank} channel {}: no peer on {conn:?}", c.0),
+                });
+            };
+            let arrive = if self.same_node(rank, peer) {
+                let busy = self.tree.busy.entry((rank, peer)).or_insert(0);
+                let start = now.max(*busy);
+                let end = start.saturating_add(nvlink_rate.time(wire));
+                *busy = end;
+                done = done.max(end);
+                end.saturating_add(crate::events::ps(nvlink_lat))
+            } else {
+                let nics = u32::from(self.cfg.nics_per_node.max(1));
+                let port = (rank / self.cfg.gpus_per_node.max(1)) * nics + u32::from(c.0) % nics;
+                let busy = self.tree.busy.entry((u32::MAX, port)).or_insert(0);
+                let start = done.saturating_add(self.time.doorbell).max(*busy);
+                let end = start.saturating_add(
+                    nic_rate.time(wire.saturating_add(self.time.nic_overhead_bytes)),
+                );
+                *busy = end;
+                end.saturating_add(crate::events::ps(nic_lat))
+            };
+            arrivals[conn.index()] = Some((peer, back, arrive));
+        }
+        self.tree_at(done, rank, c.0, TreeConn::Up, Event::ExecDone);
+        for (conn, _) in e.send_conns() {
+            if let Some((peer, back, at)) = arrivals[conn.index()] {
+                for ev in e.peer_events(conn) {
+                    self.tree_at(at.max(done), peer, c.0, back, ev);
+                }
+            }
+        }
+        Ok(())
+    }
+}
