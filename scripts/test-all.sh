@@ -12,7 +12,8 @@
 #                            veth pair): shm inside, TCP between (root;
 #                            SKIPPED, said clearly, where it cannot run)
 #   5. loom models           the slot FIFO under every interleaving; two
-#                            engines over it (bounded preemptions)
+#                            engines over it (bounded preemptions); LL and
+#                            LL128 slots reused by one writer and one reader
 #   6. no_std check          a freestanding binary links the core; defmt builds
 #   7. fuzzing               every wire-format fuzz target, briefly
 #      Python tests          the ringcc package and its torch backend
@@ -109,6 +110,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$ROOT/target/loom \
     cargo test --locked -p ringcc-core --release --test loom_fifo
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$ROOT/target/loom \
     cargo test --locked -p ringcc-core --release --test loom_engine
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$ROOT/target/loom \
+    cargo test --locked -p ringcc-core --release --test loom_line
 done_stage
 
 stage "6. no_std check"
