@@ -23,7 +23,7 @@
 //!   both neighbours made the same call (a [`CallDesc`]
 //!   header on every connection's first message), and finishes only when
 //!   everything it sent was consumed.
-//! - [`line`] is how a slot carries its data under each
+//! - [`line`](mod@line) is how a slot carries its data under each
 //!   [`Protocol`]: Simple's plain bytes, LL's 8-byte units and LL128's
 //!   128-byte lines that carry their own arrival flag, and each
 //!   protocol's FIFO geometry (NCCL's numbers).
