@@ -27,6 +27,14 @@
 //!     handle(now, c, event)? / handle_timeout(now)?
 //! }                              until poll() hands out the last Done
 //! ```
+//!
+//! A tree AllReduce (an engine built [`with_trees`](Engine::with_trees))
+//! runs the same loop with [`start_tree`](Engine::start_tree),
+//! [`poll_tree`](Engine::poll_tree) and
+//! [`handle_tree`](Engine::handle_tree), whose events name the
+//! connection ([`TreeConn`]: up, or child 0–2). While a tree call runs,
+//! poll with `poll_tree` only: `poll` and `poll_channel` see the ring
+//! machines, which have nothing, and would take the channels' marks.
 
 use crate::call::Call;
 use crate::error::Error;

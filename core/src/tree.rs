@@ -43,7 +43,7 @@ use crate::math::div_up;
 use crate::plan::{Collective, Plan};
 use crate::prim::Primitive;
 use crate::reduce::DataType;
-use crate::topology::Topology;
+use crate::topology::{HopKind, Topology};
 
 /// NCCL's `NCCL_MAX_TREE_ARITY`: children per rank.
 pub const MAX_TREE_ARITY: usize = 3;
@@ -238,6 +238,7 @@ fn rank_peers(
 #[derive(Clone, Copy, Debug)]
 pub struct Tree<'a, const R: usize> {
     topo: &'a Topology<R>,
+    channel: ChannelId,
     which: u8,
 }
 
@@ -246,8 +247,34 @@ impl<'a, const R: usize> Tree<'a, R> {
     pub fn new(topo: &'a Topology<R>, channel: ChannelId) -> Self {
         Tree {
             topo,
+            channel,
             which: channel.0 % 2,
         }
+    }
+
+    /// The channel this tree belongs to.
+    pub fn channel(&self) -> ChannelId {
+        self.channel
+    }
+
+    /// What carries the hop from `from` to `to` (tree neighbours, either
+    /// way): nothing for a rank to itself, NVLink inside a node, and
+    /// between nodes NIC `channel mod nics` on both ends — the ring's rule
+    /// without cross-NIC (NCCL's `NCCL_CROSS_NIC=0`). What a simulator
+    /// maps a tree connection onto.
+    pub fn hop(&self, from: Rank, to: Rank) -> Result<HopKind, Error> {
+        if from == to {
+            self.topo.node_of(from)?;
+            return Ok(HopKind::Loopback);
+        }
+        if self.topo.node_of(from)? == self.topo.node_of(to)? {
+            return Ok(HopKind::Intra);
+        }
+        let nic = self.topo.nic_of_channel(self.channel).ok_or(Error::NoNic)?;
+        Ok(HopKind::Inter {
+            send_nic: nic,
+            recv_nic: nic,
+        })
     }
 
     /// Which of the two trees (0 or 1).

@@ -211,3 +211,32 @@ proptest! {
         prop_assert_eq!(covered, count);
     }
 }
+
+/// Tree edges inside a node are NVLink hops; across nodes they use the
+/// channel's NIC on both ends.
+#[test]
+fn tree_hops_follow_the_nodes_and_the_channels_nic() {
+    use ringcc_core::{HopKind, NicId};
+    let topo = Topology::<64>::uniform(5, 4, 4).unwrap();
+    for c in 0..8u8 {
+        let t = Tree::new(&topo, ChannelId(c));
+        assert_eq!(t.channel(), ChannelId(c));
+        for r in 0..20 {
+            let p = t.peers(Rank(r)).unwrap();
+            for d in p.down.iter().flatten() {
+                let want = if d.0 / 4 == r / 4 {
+                    HopKind::Intra
+                } else {
+                    HopKind::Inter {
+                        send_nic: NicId(u16::from(c) % 4),
+                        recv_nic: NicId(u16::from(c) % 4),
+                    }
+                };
+                assert_eq!(t.hop(Rank(r), *d).unwrap(), want);
+                assert_eq!(t.hop(*d, Rank(r)).unwrap(), want);
+            }
+        }
+        assert_eq!(t.hop(Rank(3), Rank(3)).unwrap(), HopKind::Loopback);
+        assert!(t.hop(Rank(0), Rank(99)).is_err());
+    }
+}
