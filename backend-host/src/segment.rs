@@ -333,11 +333,15 @@ impl Segment {
     /// step to it). An index beyond is [`Error::NoSuchSlot`].
     pub fn slot(&self, index: SlotIndex) -> Result<SlotRef<'_>> {
         let i = u64::from(index.get());
-        let off = self
+        // Not `ok_or`: that builds (and drops) the error on every call of
+        // this hot path.
+        let Some(off) = self
             .layout
             .slot_offset(i)
             .and_then(|o| usize::try_from(o).ok())
-            .ok_or(Error::NoSuchSlot { slot: i })?;
+        else {
+            return Err(Error::NoSuchSlot { slot: i });
+        };
         Ok(SlotRef {
             index,
             ptr: self.ptr(off),
@@ -352,17 +356,15 @@ impl Segment {
     /// is [`Error::NoSuchSlot`].
     pub fn lines(&self, protocol: Protocol, index: SlotIndex) -> Result<(&[AtomicU64], usize)> {
         let i = u64::from(index.get());
-        let (off, bytes, data) = self
-            .layout
-            .line_slot(protocol, i)
-            .and_then(|(o, b, d)| {
-                Some((
-                    usize::try_from(o).ok()?,
-                    usize::try_from(b).ok()?,
-                    usize::try_from(d).ok()?,
-                ))
-            })
-            .ok_or(Error::NoSuchSlot { slot: i })?;
+        let Some((off, bytes, data)) = self.layout.line_slot(protocol, i).and_then(|(o, b, d)| {
+            Some((
+                usize::try_from(o).ok()?,
+                usize::try_from(b).ok()?,
+                usize::try_from(d).ok()?,
+            ))
+        }) else {
+            return Err(Error::NoSuchSlot { slot: i });
+        };
         debug_assert!(off.is_multiple_of(8) && bytes.is_multiple_of(8));
         debug_assert!(off + bytes <= self.map.len());
         // SAFETY: the layout puts the slot's `bytes` (a multiple of 8) at

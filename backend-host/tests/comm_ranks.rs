@@ -235,10 +235,13 @@ fn options(suite: &str, channels: u8) -> Options {
     // test that ranks that disagree are refused.
     if let Ok(by_rank) = std::env::var("RINGCC_HOST_TEST_PROTO_BY_RANK") {
         let rank: usize = std::env::var(ROLE).unwrap().parse().unwrap();
-        o.proto = by_rank
+        if let Some(p) = by_rank
             .split(',')
             .nth(rank)
-            .and_then(ringcc_core::Protocol::parse);
+            .and_then(ringcc_core::Protocol::parse)
+        {
+            o.protos = ringcc_core::tune::ProtoSet::only(p);
+        }
     }
     o.channels = channels;
     // Small slots: many slices, every FIFO wraps many times.
@@ -534,7 +537,7 @@ fn different_protocols_across_ranks_fail_to_connect() {
     });
     for (r, e) in exits.iter().enumerate() {
         assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
-        assert!(e.out.contains("proto="), "rank {r}: {}", e.out);
+        assert!(e.out.contains("protos="), "rank {r}: {}", e.out);
     }
 }
 

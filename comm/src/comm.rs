@@ -162,11 +162,21 @@ impl Communicator {
             }
         };
         let abort = Arc::new(AbortState::default());
+        let mut nodes: Vec<&str> = connected.peers.iter().map(|p| p.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let tuner = crate::proto::host_tuner(
+            world,
+            u32::try_from(nodes.len()).unwrap_or(u32::MAX),
+            options.channels,
+            options.algos,
+            options.protos,
+        )?;
         let drive = DriveConfig {
             geometry: options.geometry,
             chunk_bytes: options.chunk_bytes,
             channel_bytes: options.channel_bytes,
-            proto: options.proto,
+            tuner,
             timeout: options.timeout,
             spin: options.spin,
         };

@@ -97,13 +97,14 @@ fn pick(transports: &[Box<dyn Transport>], peers: &[PeerInfo], a: Rank, b: Rank)
 /// What every rank must agree on, compared across ranks at connect.
 fn settings(o: &Options) -> String {
     format!(
-        "channels={} slot_bytes={} slots_per_slice={} chunk_bytes={} channel_bytes={} proto={}",
+        "channels={} slot_bytes={} slots_per_slice={} chunk_bytes={} channel_bytes={} protos={:?} algos={:?}",
         o.channels,
         o.geometry.slot_bytes(),
         o.geometry.slots_per_slice(),
         o.chunk_bytes,
         o.channel_bytes,
-        o.proto.map_or("auto", |p| p.name())
+        o.protos,
+        o.algos
     )
 }
 

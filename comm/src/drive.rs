@@ -23,7 +23,6 @@ use crate::abort::AbortState;
 use crate::buffer::Buffers;
 use crate::error::{Error, Result};
 use crate::exec::exec;
-use crate::proto::choose_protocol;
 use crate::ring::RingOrderOf;
 use crate::transport::{Bell, RecvEnd, SendEnd};
 
@@ -63,8 +62,8 @@ pub(crate) struct DriveConfig {
     pub(crate) geometry: FifoGeometry,
     pub(crate) chunk_bytes: u64,
     pub(crate) channel_bytes: u64,
-    /// The protocol every call runs under, when forced.
-    pub(crate) proto: Option<ringcc_core::Protocol>,
+    /// The tuner that picks each call's protocol (the same on every rank).
+    pub(crate) tuner: ringcc_core::tune::Tuner,
     pub(crate) timeout: Duration,
     /// Idle polls spent spinning and yielding before napping.
     pub(crate) spin: u32,
@@ -86,7 +85,15 @@ pub(crate) struct Ring {
     /// the end until that call polls it.
     used: usize,
     t0: Instant,
+    /// The clock's last reading ([`Ring::ticks`]): events take it rather
+    /// than reading the clock each (a small call's whole time is a
+    /// handful of events, and a clock read costs as much as one). Read
+    /// again at every exec and every 16th idle poll, so it is never
+    /// older than the last exec or a few microseconds of idling.
+    now: u64,
     scratch: Vec<u8>,
+    /// The tuner's last answers.
+    choices: crate::proto::ChoiceCache,
     /// The first failure: the ring takes no more calls.
     failed: Option<String>,
     abort: Arc<AbortState>,
@@ -114,7 +121,9 @@ impl Ring {
             used: links.len(),
             links,
             t0: Instant::now(),
+            now: 0,
             scratch: Vec::new(),
+            choices: crate::proto::ChoiceCache::default(),
             failed: None,
             abort,
             bell,
@@ -137,8 +146,11 @@ impl Ring {
         self.links.clear();
     }
 
-    fn ticks(&self) -> u64 {
-        u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// Reads the clock (nanoseconds since the ring was made) and keeps
+    /// the reading for the events that follow.
+    fn ticks(&mut self) -> u64 {
+        self.now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.now
     }
 
     /// Runs one call to completion (or to its first failure, which
@@ -157,7 +169,7 @@ impl Ring {
         }
         // The protocol, its FIFO geometry and chunk: the same on every
         // rank (a pure function of the call and the shared settings).
-        let proto = choose_protocol(call, self.ranks, self.config.proto);
+        let proto = self.choices.choose(&self.config.tuner, call, self.ranks)?;
         let geometry = proto
             .fifo_geometry(self.config.geometry)
             .map_err(|source| Error::Core {
@@ -320,13 +332,15 @@ impl Ring {
             };
             while let Some(event) = l.recv.poll()? {
                 news = true;
-                let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                self.engine.handle(now, c, event).map_err(Error::engine)?;
+                self.engine
+                    .handle(self.now, c, event)
+                    .map_err(Error::engine)?;
             }
             while let Some(event) = l.send.poll()? {
                 news = true;
-                let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                self.engine.handle(now, c, event).map_err(Error::engine)?;
+                self.engine
+                    .handle(self.now, c, event)
+                    .map_err(Error::engine)?;
             }
         }
         Ok(news)

@@ -6,7 +6,8 @@
 //! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | 131072 |
 //! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
 //! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | 4194304 |
-//! | `RINGCC_PROTO` | the protocol of every call: `LL`, `LL128` or `Simple`, any case (as `NCCL_PROTO`) | LL for small calls, else Simple ([`choose_protocol`](crate::proto::choose_protocol)) |
+//! | `RINGCC_PROTO` | the protocols calls may run under, NCCL_PROTO's syntax: `LL`, `LL,LL128`, `^LL128`, any case | all: the tuner picks per call ([`choose_protocol`](crate::proto::choose_protocol)) |
+//! | `RINGCC_ALGO` | the algorithms, NCCL_ALGO's syntax (`Ring`, `^Tree`); the communicator runs rings | all |
 //! | `RINGCC_TIMEOUT_MS` | a call fails when nothing moves this long | 30000 |
 //! | `RINGCC_NODE` | this process's node identity (ranks of one node share memory) | the host name |
 //! | `RINGCC_SHM_DISABLE=1` | never use shared memory (as `NCCL_SHM_DISABLE`) | |
@@ -17,7 +18,7 @@
 use std::time::Duration;
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::Protocol;
+use ringcc_core::tune::{AlgoSet, ProtoSet};
 
 use crate::error::{Error, Result};
 
@@ -36,9 +37,12 @@ pub struct Options {
     /// (at least one, at most [`channels`](Self::channels)): every
     /// channel adds hand-offs, and one drive thread serves them all.
     pub channel_bytes: u64,
-    /// The protocol every call runs under; `None`: chosen per call
+    /// The protocols calls may run under (`RINGCC_PROTO`); the tuner
+    /// picks among them per call
     /// ([`choose_protocol`](crate::proto::choose_protocol)).
-    pub proto: Option<Protocol>,
+    pub protos: ProtoSet,
+    /// The algorithms calls may run (`RINGCC_ALGO`).
+    pub algos: AlgoSet,
     /// Connecting and every call fail when nothing moves for this long.
     pub timeout: Duration,
     /// Idle polls spent spinning and yielding before a wait naps.
@@ -63,7 +67,8 @@ impl Default for Options {
             geometry: FifoGeometry::new(128 << 10, 1).unwrap_or_default(),
             chunk_bytes: 512 << 10,
             channel_bytes: 4 << 20,
-            proto: None,
+            protos: ProtoSet::ALL,
+            algos: AlgoSet::ALL,
             timeout: Duration::from_secs(30),
             spin: 2000,
             node: crate::launch::node_name(),
@@ -110,8 +115,14 @@ impl Options {
             o.channel_bytes = b;
         }
         if let Some(p) = get("RINGCC_PROTO") {
-            o.proto = crate::proto::parse_forced(&p).map_err(|reason| Error::Env {
+            o.protos = crate::proto::parse_protos(&p).map_err(|reason| Error::Env {
                 var: "RINGCC_PROTO".into(),
+                reason,
+            })?;
+        }
+        if let Some(a) = get("RINGCC_ALGO") {
+            o.algos = crate::proto::parse_algos(&a).map_err(|reason| Error::Env {
+                var: "RINGCC_ALGO".into(),
                 reason,
             })?;
         }
@@ -217,7 +228,7 @@ mod tests {
         // RINGCC_NET picks the network; it never turns off CUDA IPC.
         assert!(o.allows("cuda-ipc"));
         assert!(o.debug_info);
-        assert_eq!(o.proto, Some(Protocol::Ll128));
+        assert_eq!(o.protos, ProtoSet::only(ringcc_core::Protocol::Ll128));
     }
 
     #[test]
@@ -229,6 +240,7 @@ mod tests {
             ("RINGCC_CHUNK_BYTES", "99999999999"),
             ("RINGCC_TIMEOUT_MS", "0"),
             ("RINGCC_PROTO", "LL64"),
+            ("RINGCC_ALGO", "Trie"),
         ] {
             let e = Options::from_vars(vars(&[kv])).unwrap_err();
             assert!(

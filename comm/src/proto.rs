@@ -1,69 +1,243 @@
-//! Which [`Protocol`] a call runs under — the one place a tuner plugs in.
+//! Which protocol a call runs under: the core's tuner
+//! ([`ringcc_core::tune`]) with the latencies of this library's own
+//! transports — the one place the choice is made.
 //!
 //! Every rank must choose alike, or the ring hangs (a sender writing
 //! lines to a receiver that waits for a slice of another size): the
-//! choice is a pure function of the call, the communicator's shape and
-//! its settings, and the settings (`RINGCC_PROTO` among them) are
-//! compared across ranks when the communicator connects.
+//! choice is a pure function of the call and the communicator's shape
+//! (ranks, nodes, channels) and settings, and the settings
+//! (`RINGCC_PROTO`, `RINGCC_ALGO` among them) are compared across ranks
+//! when the communicator connects.
 
+use ringcc_core::tune::{
+    AlgoSet, Capabilities, GpuGen, Hardware, Latencies, PerAlgoProto, ProtoSet, Tuner,
+};
 use ringcc_core::{Call, Protocol};
 
-/// Calls whose larger buffer is at most this many bytes run under LL
-/// when no protocol is forced: on shared memory a small call's time is
-/// its hand-offs, and LL's flags save the separate `tail` store and the
-/// cache line it lives on at every hop (one cross-core transfer, ~75 ns).
-/// Each byte costs LL about 0.35 ns more than Simple's copy (the 8-byte
-/// atomic units written and read one by one), so the gain is gone at a
-/// few hundred bytes per hop.
-pub const LL_MAX_BYTES: usize = 1 << 10;
+use crate::error::{Error, Result};
 
-/// The protocol of `call` on a communicator of `ranks` ranks: `forced`
-/// (`RINGCC_PROTO`, NCCL's `NCCL_PROTO`) when set, else LL up to
-/// [`LL_MAX_BYTES`] of the larger buffer, else Simple. LL128 runs only
-/// when forced: on a CPU it moves no more bytes per second than Simple.
-pub fn choose_protocol(call: &Call, ranks: u32, forced: Option<Protocol>) -> Protocol {
-    if let Some(p) = forced {
-        return p;
-    }
+// Measured on the development machine (2 cores), 8 B AllReduce,
+// `RINGCC_PROTO=<p> ringcc perf allreduce --backend host --np N -b 8 -e 8
+// -n 100000 -c 0`, 5 interleaved rounds: one rank (no hop) 0.33–0.45 µs;
+// two ranks (two hops and the last credit) 1.14–2.1 µs under every
+// protocol alike. LL saves one cache-line transfer per hop (the separate
+// `tail`; ~50–90 ns of a 150–180 ns round trip), within that noise; an
+// LL128 line is two cache lines (data, then the flag), so it saves none.
+
+/// Per call, µs, `[Ring, Tree][LL, LL128, Simple]`: what a call costs
+/// before its first hop (the job queue, starting the engine, the plan),
+/// measured as a one-rank call. Tree is not run by the communicator.
+const HOST_BASE_US: PerAlgoProto = [[0.4, 0.4, 0.4], [0.0, 0.0, 0.0]];
+/// Per shared-memory hop, µs: a slice handed from one process to the
+/// next (half of the two-rank figure less the base).
+const HOST_SHM_US: PerAlgoProto = [[0.45, 0.5, 0.5], [0.0, 0.0, 0.0]];
+/// Per TCP hop, µs (veth between network namespaces, `TCP_NODELAY`;
+/// 8 B on two ranks takes 29–39 µs): the frame carries its own arrival,
+/// so the protocols differ only in their slice sizes here.
+const HOST_NET_US: PerAlgoProto = [[12.0, 12.0, 12.0], [0.0, 0.0, 0.0]];
+
+/// The host transports' latencies, in the tuner's form.
+pub const HOST_LATENCIES: Latencies = Latencies {
+    base_us: HOST_BASE_US,
+    nvlink_us: HOST_SHM_US,
+    pci_us: HOST_SHM_US,
+    net_us: HOST_NET_US,
+};
+
+/// Shared-memory bus bandwidth of a ring, GB/s (the 2-rank AllReduce
+/// busbw at 1–16 MiB on the development machine: 9.6–14.3 GB/s).
+const HOST_SHM_GBPS: f64 = 10.0;
+/// TCP between hosts, GB/s (veth between namespaces: 2.1–2.4 GB/s
+/// busbw at 1 MiB).
+const HOST_NET_GBPS: f64 = 2.0;
+
+/// The tuner of a communicator of `ranks` ranks over `nodes` nodes with
+/// `channels` channels, allowed `algos` × `protos`. The communicator runs
+/// rings only; LL and LL128 run on every transport (those without line
+/// slots carry them framed, in the protocols' smaller slices). An
+/// override that leaves nothing to run is a [`Error::BadConfig`].
+pub fn host_tuner(
+    ranks: u32,
+    nodes: u32,
+    channels: u8,
+    algos: AlgoSet,
+    protos: ProtoSet,
+) -> Result<Tuner> {
+    let hw = Hardware {
+        gen: GpuGen::Hopper,
+        nvlink: true,
+        intra_gbps: HOST_SHM_GBPS,
+        inter_gbps: HOST_NET_GBPS,
+        channel_gbps: HOST_SHM_GBPS,
+        max_channels: u32::from(channels.max(1)),
+        net_overhead_us: 0.0,
+        amd_cpu: false,
+    };
+    let mut t = Tuner::new(hw, ranks.max(1), nodes.max(1), Capabilities::RING)
+        .with_latencies(HOST_LATENCIES);
+    t.algos = algos;
+    t.protos = protos;
+    // Refuse at connect what could only fail at the first call.
+    let probe = Call::all_reduce(1, ringcc_core::DataType::U8, ringcc_core::ReduceOp::Sum);
+    choose_protocol(&t, &probe, ranks)?;
+    Ok(t)
+}
+
+/// The protocol of `call` on a communicator of `ranks` ranks: the tuner's
+/// choice for the call's larger buffer.
+pub fn choose_protocol(tuner: &Tuner, call: &Call, ranks: u32) -> Result<Protocol> {
     let (i, o) = call.buffer_bytes(ranks);
-    if i.max(o) <= LL_MAX_BYTES {
-        Protocol::Ll
-    } else {
-        Protocol::Simple
+    let bytes = u64::try_from(i.max(o)).unwrap_or(u64::MAX);
+    tuner
+        .choose(call.collective, bytes)
+        .map(|c| c.chosen.protocol)
+        .map_err(|e| {
+            Error::BadConfig(format!(
+                "no algorithm and protocol left to run (RINGCC_ALGO / RINGCC_PROTO): {e}"
+            ))
+        })
+}
+
+/// The last choice per collective: a training loop repeats its sizes, and
+/// the model (six candidates, each a few dozen floating-point operations)
+/// costs as much as a one-rank call. Exact: a hit is the same question.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChoiceCache {
+    /// Per collective code: the bytes asked about and the answer.
+    last: [Option<(u64, Protocol)>; 5],
+}
+
+impl ChoiceCache {
+    /// [`choose_protocol`], remembered per collective.
+    pub fn choose(&mut self, tuner: &Tuner, call: &Call, ranks: u32) -> Result<Protocol> {
+        let (i, o) = call.buffer_bytes(ranks);
+        let bytes = u64::try_from(i.max(o)).unwrap_or(u64::MAX);
+        let slot = self.last.get_mut(usize::from(call.collective.code()));
+        if let Some(Some((b, p))) = slot.as_deref() {
+            if *b == bytes {
+                return Ok(*p);
+            }
+        }
+        let p = choose_protocol(tuner, call, ranks)?;
+        if let Some(s) = slot {
+            *s = Some((bytes, p));
+        }
+        Ok(p)
     }
 }
 
-/// Parses `RINGCC_PROTO`'s value: one protocol name, any case (`LL`,
-/// `ll128`, `Simple`); empty means none forced.
-pub fn parse_forced(value: &str) -> Result<Option<Protocol>, String> {
+/// Parses `RINGCC_PROTO` (NCCL_PROTO's syntax: `LL`, `LL,LL128`,
+/// `^LL128`, any case); empty means every protocol.
+pub fn parse_protos(value: &str) -> std::result::Result<ProtoSet, String> {
     if value.trim().is_empty() {
-        return Ok(None);
+        return Ok(ProtoSet::ALL);
     }
-    Protocol::parse(value)
-        .map(Some)
-        .ok_or_else(|| format!("{value:?} is not a protocol (LL, LL128, Simple)"))
+    ProtoSet::parse(value).map_err(|_| {
+        format!("{value:?} is not a list of protocols (LL, LL128, Simple; ^ to exclude)")
+    })
+}
+
+/// Parses `RINGCC_ALGO` (NCCL_ALGO's syntax: `Ring`, `^Tree`, any case);
+/// empty means every algorithm.
+pub fn parse_algos(value: &str) -> std::result::Result<AlgoSet, String> {
+    if value.trim().is_empty() {
+        return Ok(AlgoSet::ALL);
+    }
+    AlgoSet::parse(value)
+        .map_err(|_| format!("{value:?} is not a list of algorithms (Ring, Tree; ^ to exclude)"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringcc_core::{DataType, ReduceOp};
+    use ringcc_core::{Algorithm, DataType, ReduceOp};
+
+    fn tuner(ranks: u32, nodes: u32, protos: ProtoSet) -> Tuner {
+        host_tuner(ranks, nodes, 2, AlgoSet::ALL, protos).unwrap()
+    }
 
     #[test]
-    fn small_calls_take_ll_large_ones_simple_and_forcing_wins() {
+    fn small_calls_take_ll_large_ones_simple_and_overrides_win() {
+        let t = tuner(4, 1, ProtoSet::ALL);
         let small = Call::all_reduce(2, DataType::F32, ReduceOp::Sum);
         let big = Call::all_reduce(1 << 20, DataType::F32, ReduceOp::Sum);
-        assert_eq!(choose_protocol(&small, 4, None), Protocol::Ll);
-        assert_eq!(choose_protocol(&big, 4, None), Protocol::Simple);
+        assert_eq!(choose_protocol(&t, &small, 4).unwrap(), Protocol::Ll);
+        assert_eq!(choose_protocol(&t, &big, 4).unwrap(), Protocol::Simple);
         // AllGather's output is the larger buffer: ranks count.
         let ag = Call::all_gather(64, DataType::F32);
-        assert_eq!(choose_protocol(&ag, 2, None), Protocol::Ll);
-        assert_eq!(choose_protocol(&ag, 8, None), Protocol::Simple);
+        let ag8 = tuner(8, 1, ProtoSet::ALL);
+        assert!(
+            choose_protocol(&ag8, &ag, 8).unwrap() != Protocol::Ll || {
+                let (_, o) = ag.buffer_bytes(8);
+                o <= 4096
+            }
+        );
         for p in Protocol::ALL {
-            assert_eq!(choose_protocol(&big, 2, Some(p)), p);
+            let t = tuner(2, 1, ProtoSet::only(p));
+            assert_eq!(choose_protocol(&t, &big, 2).unwrap(), p);
+            assert_eq!(choose_protocol(&t, &small, 2).unwrap(), p);
         }
-        assert_eq!(parse_forced("ll128"), Ok(Some(Protocol::Ll128)));
-        assert_eq!(parse_forced(" "), Ok(None));
-        assert!(parse_forced("LL256").is_err());
+        let no_ll = tuner(2, 1, parse_protos("^LL").unwrap());
+        assert_ne!(choose_protocol(&no_ll, &small, 2).unwrap(), Protocol::Ll);
+    }
+
+    #[test]
+    fn the_choice_is_the_tuners_argmin_and_monotone_in_size() {
+        // From LL at the smallest sizes to Simple at the largest, never
+        // back: the model's crossover, on one node and on two.
+        for (ranks, nodes) in [(2, 1), (4, 1), (4, 2), (8, 2)] {
+            let t = tuner(ranks, nodes, ProtoSet::ALL);
+            let mut last = Protocol::Ll;
+            for shift in 0..30 {
+                let call = Call::all_reduce(1 << shift, DataType::U8, ReduceOp::Sum);
+                let p = choose_protocol(&t, &call, ranks).unwrap();
+                let e = |p| {
+                    t.estimate(call.collective, 1 << shift, Algorithm::Ring, p)
+                        .unwrap()
+                        .time_us
+                };
+                for q in Protocol::ALL {
+                    assert!(e(p) <= e(q), "{ranks}x{nodes} 2^{shift}: {p} vs {q}");
+                }
+                assert!(
+                    p.code() >= last.code() || p == Protocol::Ll128,
+                    "{p} after {last}"
+                );
+                last = p;
+            }
+            assert_eq!(last, Protocol::Simple);
+        }
+    }
+
+    #[test]
+    fn the_cache_answers_as_the_tuner() {
+        let t = tuner(4, 2, ProtoSet::ALL);
+        let mut cache = ChoiceCache::default();
+        for shift in [3, 20, 3, 10, 10, 30, 3] {
+            for call in [
+                Call::all_reduce(1 << shift, DataType::U8, ReduceOp::Sum),
+                Call::all_gather(1 << shift, DataType::U8),
+            ] {
+                assert_eq!(
+                    cache.choose(&t, &call, 4).unwrap(),
+                    choose_protocol(&t, &call, 4).unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lists_parse_as_nccl_and_nothing_left_is_an_error() {
+        assert_eq!(
+            parse_protos("ll128").unwrap(),
+            ProtoSet::only(Protocol::Ll128)
+        );
+        assert_eq!(parse_protos(" ").unwrap(), ProtoSet::ALL);
+        assert!(parse_protos("LL256").is_err());
+        assert_eq!(parse_algos("ring").unwrap(), AlgoSet::only(Algorithm::Ring));
+        assert!(parse_algos("Trie").is_err());
+        // The communicator runs rings: Tree alone leaves nothing.
+        let e = host_tuner(2, 1, 1, AlgoSet::only(Algorithm::Tree), ProtoSet::ALL).unwrap_err();
+        assert!(matches!(e, Error::BadConfig(_)), "{e}");
     }
 }

@@ -30,7 +30,7 @@ use crate::call::{Algorithm, Collective, Protocol};
 use crate::error::Error;
 
 /// `[algorithm][protocol]`, in code order: `[Ring, Tree][LL, LL128, Simple]`.
-type PerAlgoProto = [[f64; 3]; 2];
+pub type PerAlgoProto = [[f64; 3]; 2];
 
 /// NCCL's `baseLat` (µs): Ring `{6.6, 14.0, 8.4}`, Tree `{6.8, 14.0, 0}`.
 pub const BASE_LAT_US: PerAlgoProto = [[6.6, 14.0, 8.4], [6.8, 14.0, 0.0]];
@@ -60,6 +60,36 @@ pub const TREE_CORRECTION: [[f64; 23]; 3] = [
         0.7, 0.7, 0.8, 0.9, 0.9,
     ],
 ];
+
+/// The latency side of the model (µs): a call's base latency and the
+/// latency of one hop inside a node (NVLink or PCIe) and across the
+/// network, per algorithm × protocol. [`Latencies::NCCL`] is NCCL's
+/// table for GPUs; a backend whose hops cost something else (shared
+/// memory between CPU processes, TCP) gives its own, measured, so that the
+/// same model picks its protocol.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Latencies {
+    /// Per call (`baseLat`).
+    pub base_us: PerAlgoProto,
+    /// Per hop inside a node over NVLink (`hwLat[NCCL_HW_NVLINK]`).
+    pub nvlink_us: PerAlgoProto,
+    /// Per hop inside a node without NVLink (`hwLat[NCCL_HW_PCI]`).
+    pub pci_us: PerAlgoProto,
+    /// Per hop across the network (`hwLat[NCCL_HW_NET]`).
+    pub net_us: PerAlgoProto,
+}
+
+impl Latencies {
+    /// NCCL's tables ([`BASE_LAT_US`], [`NVLINK_LAT_US`], [`PCI_LAT_US`],
+    /// [`NET_LAT_US`]).
+    pub const NCCL: Latencies = Latencies {
+        base_us: BASE_LAT_US,
+        nvlink_us: NVLINK_LAT_US,
+        pci_us: PCI_LAT_US,
+        net_us: NET_LAT_US,
+    };
+}
 
 /// The GPU generation: it selects NCCL's per-channel caps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -161,6 +191,9 @@ pub struct Tuner {
     pub algos: AlgoSet,
     /// Protocols the user allows (`RINGCC_PROTO`).
     pub protos: ProtoSet,
+    /// The latency tables ([`Latencies::NCCL`] unless the backend gives
+    /// its own).
+    pub lat: Latencies,
 }
 
 /// The model's figures for one candidate.
@@ -344,7 +377,15 @@ impl Tuner {
             caps,
             algos: AlgoSet::ALL,
             protos: ProtoSet::ALL,
+            lat: Latencies::NCCL,
         }
+    }
+
+    /// The same tuner with the backend's own latency tables.
+    #[must_use]
+    pub const fn with_latencies(mut self, lat: Latencies) -> Tuner {
+        self.lat = lat;
+        self
     }
 
     fn nodes(&self) -> u32 {
@@ -439,14 +480,15 @@ impl Tuner {
         let get = |t: &PerAlgoProto| t.get(ai).and_then(|r| r.get(pi)).copied().unwrap_or(0.0);
         let nodes = self.nodes();
         let hw = &self.hw;
+        let lat = &self.lat;
         let intra_table = if hw.nvlink {
-            &NVLINK_LAT_US
+            &lat.nvlink_us
         } else {
-            &PCI_LAT_US
+            &lat.pci_us
         };
         let mut intra = get(intra_table);
-        let inter = get(&NET_LAT_US);
-        let base = get(&BASE_LAT_US);
+        let inter = get(&lat.net_us);
+        let base = get(&lat.base_us);
         let ppn = self.ranks.max(1).checked_div(nodes).unwrap_or(1);
         match a {
             Algorithm::Ring => {
@@ -455,7 +497,7 @@ impl Tuner {
                     Collective::Broadcast { .. } | Collective::Reduce { .. } => {
                         // NCCL: nsteps × the hop latency of the slowest
                         // fabric; Simple takes the tree's (chunk) latency.
-                        let table = if nodes > 1 { &NET_LAT_US } else { intra_table };
+                        let table = if nodes > 1 { &lat.net_us } else { intra_table };
                         let hop = if p == Protocol::Simple {
                             table.get(1).and_then(|r| r.get(2)).copied().unwrap_or(0.0)
                         } else {
