@@ -36,12 +36,6 @@
 //! of one chunk is the most a FIFO that holds a single chunk allows: a rank
 //! two chunks ahead would wait for room in its parent's FIFO, which the
 //! parent frees only after its children consumed what it sent down.
-//! [`TreePlan::with_lag`] sets a longer lag `L` (`up 0 … up L−1`, then
-//! `up k+L, down k` pairs): NCCL runs the two directions concurrently
-//! (`runTreeSplit`), and with chunks small against the tree's depth a
-//! one-chunk lag leaves each rank waiting a round trip of the tree every
-//! two chunks; a longer lag only lets a rank run further ahead where the
-//! FIFOs have room (every step still waits for its data and credit).
 
 use crate::error::Error;
 use crate::id::{ChannelId, NodeId, Rank};
@@ -403,7 +397,6 @@ pub struct TreeStep {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TreePlan {
     plan: Plan,
-    lag: u64,
 }
 
 impl TreePlan {
@@ -424,23 +417,7 @@ impl TreePlan {
             channels,
             chunk_bytes,
         )?;
-        Ok(TreePlan { plan, lag: 1 })
-    }
-
-    /// The same plan with non-root ranks running the reduce-up `lag`
-    /// chunks ahead of the broadcast-down (at least 1, the default; see the
-    /// [module documentation](self)).
-    #[must_use]
-    pub fn with_lag(self, lag: u64) -> TreePlan {
-        TreePlan {
-            lag: lag.max(1),
-            ..self
-        }
-    }
-
-    /// How many chunks the reduce-up runs ahead of the broadcast-down.
-    pub fn lag(&self) -> u64 {
-        self.lag
+        Ok(TreePlan { plan })
     }
 
     /// The ring plan of the same call, whose channel ranges and chunk size
@@ -485,7 +462,6 @@ impl TreePlan {
             chunks,
             role,
             ranks: self.plan.ranks(),
-            lag: self.lag.min(chunks),
             next: 0,
             total,
         })
@@ -509,8 +485,6 @@ pub struct TreeSteps {
     chunks: u64,
     role: Role,
     ranks: u32,
-    /// Leading ups (the lag, at most the chunks).
-    lag: u64,
     next: u64,
     total: u64,
 }
@@ -521,24 +495,21 @@ impl TreeSteps {
         self.total.saturating_sub(self.next)
     }
 
-    /// The chunk and direction of step `s` of a non-root rank with lag
-    /// `L`: `up 0 … up L−1`, then `up k+L, down k` pairs, then the last
-    /// `L` downs.
+    /// The chunk and direction of step `s` of a non-root rank: `up 0`,
+    /// then `up k+1, down k` pairs, then `down K−1`.
     fn up_down(&self, s: u64) -> (u64, TreeDir) {
-        let lag = self.lag;
-        if s < lag {
-            return (s, TreeDir::Up);
+        if s == 0 {
+            return (0, TreeDir::Up);
         }
-        let pairs_end = self.chunks.saturating_mul(2).saturating_sub(lag);
-        if s >= pairs_end {
-            return (s.saturating_sub(self.chunks), TreeDir::Down);
+        let last = self.total.saturating_sub(1);
+        if s >= last {
+            return (self.chunks.saturating_sub(1), TreeDir::Down);
         }
-        let t = s.saturating_sub(lag);
-        let j = t / 2;
-        if t.is_multiple_of(2) {
-            (lag.saturating_add(j), TreeDir::Up)
+        let p = s.saturating_sub(1) / 2;
+        if s.saturating_sub(1).is_multiple_of(2) {
+            (p.saturating_add(1), TreeDir::Up)
         } else {
-            (j, TreeDir::Down)
+            (p, TreeDir::Down)
         }
     }
 }

@@ -45,8 +45,6 @@ struct Spec {
     chunk_bytes: u64,
     channels: u32,
     salt: u64,
-    /// The plan's up/down lag (1 to 4 chunks).
-    lag: u64,
 }
 
 /// A pipe: (tree?, channel, from, to).
@@ -154,9 +152,7 @@ fn tree(nodes: u32, gpus: u32, c: ChannelId) -> UniformTree {
 }
 
 fn plan_of(n: u32, s: &Spec) -> TreePlan {
-    TreePlan::new(s.call.count, s.call.dtype, n, s.channels, s.chunk_bytes)
-        .expect("plan")
-        .with_lag(s.lag)
+    TreePlan::new(s.call.count, s.call.dtype, n, s.channels, s.chunk_bytes).expect("plan")
 }
 
 /// The rank on the other end of `conn`, and the connection index it sees
@@ -601,10 +597,6 @@ fn specs(c: &Case) -> Vec<Spec> {
                 chunk_bytes: es * (1 + chunk % max),
                 channels,
                 salt: c.seed ^ k as u64,
-                // As many chunks ahead as leave a slice of the FIFO free.
-                lag: (1 + (c.seed ^ k as u64).rotate_left(17) % 4)
-                    .min(g.max_slices_per_chunk() / g.slices_per_chunk(es * (1 + chunk % max)))
-                    .max(1),
             }
         })
         .collect()

@@ -240,32 +240,3 @@ fn tree_hops_follow_the_nodes_and_the_channels_nic() {
         assert!(t.hop(Rank(0), Rank(99)).is_err());
     }
 }
-
-/// A lag of `L` chunks: `up 0 … up L−1`, then `up k+L, down k` pairs,
-/// then the last downs; every chunk goes up once and down once, each up
-/// before its down; the lag is clamped to the chunks.
-#[test]
-fn tree_steps_with_a_lag() {
-    use ringcc_core::tree::TreeDir;
-    // 1 rank over 2 nodes x 2 gpus: rank 1 is a leaf below rank 0.
-    let tree = ringcc_core::UniformTree::for_channel(1, 2, ringcc_core::ChannelId(0));
-    let peers = tree.peers(ringcc_core::Rank(1)).unwrap();
-    for lag in 1..=6u64 {
-        let plan = ringcc_core::TreePlan::new(5 * 4, ringcc_core::DataType::F32, 2, 1, 16)
-            .unwrap()
-            .with_lag(lag);
-        let steps: Vec<_> = plan
-            .steps(ringcc_core::ChannelId(0), peers)
-            .unwrap()
-            .map(|s| (s.chunk, s.dir == TreeDir::Up))
-            .collect();
-        let l = lag.min(5);
-        let mut want: Vec<(u64, bool)> = (0..l).map(|k| (k, true)).collect();
-        for k in 0..5 - l {
-            want.push((k + l, true));
-            want.push((k, false));
-        }
-        want.extend((5 - l..5).map(|k| (k, false)));
-        assert_eq!(steps, want, "lag {lag}");
-    }
-}

@@ -305,24 +305,6 @@ impl TreeMachine {
     ) -> Result<TreeMachine, Error> {
         let (slice_elems, slots_per_slice) =
             super::machine::start_geometry(&call, plan.ring_plan(), geometry)?;
-        // A rank `lag` chunks ahead holds `lag` chunks in its parent's FIFO
-        // while the parent may wait for room in ours: the lag's chunks must
-        // leave a slice free, as one chunk must (the core's tree_engine
-        // properties found the deadlock beyond).
-        let chunk_bytes = plan
-            .ring_plan()
-            .chunk_elems()
-            .saturating_mul(u64::from(call.dtype.size()));
-        if geometry
-            .slices_per_chunk(chunk_bytes)
-            .saturating_mul(plan.lag())
-            > geometry.max_slices_per_chunk()
-        {
-            return Err(Error::ChunkTooLargeForFifo {
-                chunk_bytes: chunk_bytes.saturating_mul(plan.lag()),
-                fifo_bytes: geometry.fifo_bytes(),
-            });
-        }
         let mut conns = [Conn::new(&LinkState::default()); TREE_CONNS];
         for (c, l) in conns.iter_mut().zip(links.iter()) {
             *c = Conn::new(l);
