@@ -166,6 +166,9 @@ impl Options {
 
     /// Checks the settings that cannot work.
     pub fn validate(&self) -> Result<()> {
+        // The tuner refuses what leaves nothing to run (Tree alone: the
+        // communicator runs rings; an empty protocol list).
+        crate::proto::host_tuner(2, 1, 1, self.algos, self.protos)?;
         if !(1..=64).contains(&self.channels) {
             return Err(Error::BadConfig(format!(
                 "{} channels: a communicator has 1 to 64",
@@ -241,6 +244,7 @@ mod tests {
             ("RINGCC_TIMEOUT_MS", "0"),
             ("RINGCC_PROTO", "LL64"),
             ("RINGCC_ALGO", "Trie"),
+            ("RINGCC_ALGO", "Tree"),
         ] {
             let e = Options::from_vars(vars(&[kv])).unwrap_err();
             assert!(

@@ -80,6 +80,17 @@ impl HostBackend {
         if let Some(c) = t.chunk_bytes {
             options.chunk_bytes = c;
         }
+        // `--proto` / `--algo` over RINGCC_PROTO / RINGCC_ALGO, as on the
+        // simulator (every rank gets the same flags from `--np` or its
+        // launcher's command line).
+        if let Some(p) = &t.proto {
+            options.protos = ringcc_comm::proto::parse_protos(p)
+                .map_err(|r| CliError::usage(format!("--proto: {r}")))?;
+        }
+        if let Some(a) = &t.algo {
+            options.algos = ringcc_comm::proto::parse_algos(a)
+                .map_err(|r| CliError::usage(format!("--algo: {r}")))?;
+        }
         options.validate().map_err(|e| fabric.bad_setting(e))?;
         let launch = Launch::from_env().map_err(|e| fabric.bad_setting(e))?;
         let failed = |e| fabric.failed(e);
