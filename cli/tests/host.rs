@@ -135,6 +135,38 @@ fn np_ranks_over_tcp() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--proto` reaches every rank: each protocol forced runs clean (in
+/// place and out of place, sizes either side of LL's crossover); a list
+/// the tuner cannot use is a usage error, Tree alone a clear refusal.
+#[test]
+fn every_forced_protocol_checks_clean_and_bad_lists_are_refused() {
+    for proto in ["LL", "LL128", "Simple", "^LL"] {
+        let r = host(
+            &format!("proto-{}", proto.replace('^', "no")),
+            &format!(
+                "perf allreduce --backend host --np 2 -b 8 -e 256K -f 64 -n 2 -w 1 --proto {proto}"
+            ),
+        );
+        assert_clean(proto, &r, 3); // 8, 512, 32K
+    }
+    let r = host(
+        "proto-bad",
+        "perf allreduce --backend host --np 2 -b 8 -e 8 -n 1 --proto LL9",
+    );
+    assert_eq!(r.code, Some(2), "{}{}", r.out, r.err);
+    assert!(r.err.contains("--proto"), "{}", r.err);
+    let r = host(
+        "algo-tree",
+        "perf allreduce --backend host --np 2 -b 8 -e 8 -n 1 --algo tree",
+    );
+    assert_ne!(r.code, Some(0), "{}{}", r.out, r.err);
+    assert!(
+        r.err.contains("no algorithm and protocol left"),
+        "{}",
+        r.err
+    );
+}
+
 /// `-T` past what the clock counts is no limit (it panicked adding it to
 /// the start time).
 #[test]
