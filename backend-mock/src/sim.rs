@@ -218,6 +218,48 @@ impl Sim {
         Ok((g, p.chunk_bytes(g, self.cfg.chunk_bytes)))
     }
 
+    /// The FIFO geometry and chunk of a tree call of `bytes` per rank.
+    ///
+    /// NCCL's tree runs one FIFO step per slice and per chunk
+    /// (`chunkSteps = sliceSteps = 1` for every algorithm but Ring,
+    /// src/enqueue.cc), and for Simple halves that chunk while the
+    /// channel's data makes too few of them for the tree's depth: below
+    /// `depth·8` chunks down to 128 KiB, below `depth·4` down to 64 KiB,
+    /// below `depth` down to 32 KiB (`tree.depth` = ranks per node − 1 +
+    /// log2(nodes), src/graph/connect.cc). So a slice here is NCCL's tree
+    /// chunk, in one slot. LL and LL128 slots get the same cap: their
+    /// receivers forward line by line as lines land, which a simulator
+    /// moving whole slots approaches with small slots.
+    ///
+    /// NCCL runs the reduce-up and broadcast-down halves concurrently
+    /// (`runTreeSplit`, src/device/all_reduce.h); the core interleaves
+    /// them one chunk apart on one machine, so the core's chunk (the unit
+    /// of that interleave) is as many slices as the FIFO pipelines (7 of
+    /// 8 slots): with one-slice chunks each rank would wait a whole round
+    /// trip of the tree every two slices.
+    pub fn tree_geometry(
+        &self,
+        bytes: u64,
+    ) -> Result<(ringcc_core::fifo::FifoGeometry, u64), Error> {
+        let (g, _) = self.call_geometry()?;
+        let g = {
+            let nodes = u64::from(self.cfg.nodes.max(1));
+            let depth = u64::from(self.cfg.gpus_per_node.max(1)) - 1
+                + u64::from(63 - nodes.leading_zeros());
+            let per_channel = bytes / u64::from(self.cfg.channels.max(1));
+            let mut slice = g.slot_bytes().min(512 * 1024);
+            for (times, floor) in [(8, 128 * 1024), (4, 64 * 1024), (1, 32 * 1024)] {
+                while per_channel / slice < depth * times && slice > floor {
+                    slice /= 2;
+                }
+            }
+            ringcc_core::fifo::FifoGeometry::new(slice, 1).map_err(|e| Error::BadConfig {
+                what: format!("tree FIFO geometry of {slice} B slots: {e}"),
+            })?
+        };
+        Ok((g, g.max_chunk_bytes()))
+    }
+
     /// The (NVLink, NIC) hop latencies of the run's protocol, seconds.
     pub fn protocol_latencies(&self) -> (f64, f64) {
         use ringcc_core::Protocol;
@@ -375,8 +417,13 @@ impl Sim {
                 calls: calls.len(),
             });
         }
-        let (geometry, chunk_bytes) = self.call_geometry()?;
         let tree = self.algorithm == ringcc_core::Algorithm::Tree;
+        let (geometry, chunk_bytes) = match calls.first() {
+            Some(c) if tree => {
+                self.tree_geometry(c.count.saturating_mul(u64::from(c.dtype.size())))?
+            }
+            _ => self.call_geometry()?,
+        };
         let tree_plans = if tree {
             Some(self.tree_plans(calls, chunk_bytes)?)
         } else {
