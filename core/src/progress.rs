@@ -73,6 +73,37 @@ pub enum Event {
     Head(u64),
 }
 
+/// A machine's action as the engine's poll loop sees it (the ring's
+/// [`Action`], the tree's [`TreeAction`]).
+trait Polled {
+    /// An exec: the machine has nothing more until it completes.
+    fn is_exec(&self) -> bool;
+    /// The machine's last action of the call.
+    fn is_done(&self) -> bool;
+}
+
+impl Polled for Action {
+    #[inline(always)]
+    fn is_exec(&self) -> bool {
+        matches!(self, Action::Exec(_))
+    }
+    #[inline(always)]
+    fn is_done(&self) -> bool {
+        matches!(self, Action::Done)
+    }
+}
+
+impl Polled for TreeAction {
+    #[inline(always)]
+    fn is_exec(&self) -> bool {
+        matches!(self, TreeAction::Exec(_))
+    }
+    #[inline(always)]
+    fn is_done(&self) -> bool {
+        matches!(self, TreeAction::Done)
+    }
+}
+
 impl Exec {
     /// What the successor must be told once this exec is done: the call
     /// header (first slice of a call) and the new `tail`, in that order.
@@ -642,43 +673,12 @@ impl<
     #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<(ChannelId, Action)>, EngineError> {
         self.check()?;
-        while self.dirty != 0 {
-            let c = next_bit(self.dirty, u32::from(self.cursor));
-            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
-            let polled = match self.channels.as_mut().get_mut(c as usize) {
-                Some(Channel {
-                    machine: Some(m), ..
-                }) => m.poll_action(),
-                _ => Ok(None),
-            };
-            match polled {
-                Ok(Some(action)) => {
-                    self.cursor = u8::try_from(c).unwrap_or(0);
-                    // A machine with an exec outstanding has nothing more
-                    // until an event (which marks it again).
-                    if matches!(action, Action::Exec(_)) {
-                        self.dirty &= !bit(c);
-                    }
-                    if action == Action::Done {
-                        self.dirty &= !bit(c);
-                        self.open &= !bit(c);
-                        if self.open == 0 {
-                            self.finish();
-                        }
-                    }
-                    return Ok(Some((id, action)));
-                }
-                Ok(None) => self.dirty &= !bit(c),
-                Err(source) => {
-                    return Err(self.poison(EngineError::Machine {
-                        channel: id,
-                        during: "poll_action",
-                        source,
-                    }))
-                }
-            }
-        }
-        Ok(None)
+        self.poll_marked(|e, c| match e.channels.as_mut().get_mut(c) {
+            Some(Channel {
+                machine: Some(m), ..
+            }) => m.poll_action(),
+            _ => Ok(None),
+        })
     }
 
     /// The next action of channel `c` alone, as a [`Next`]: what
@@ -948,22 +948,36 @@ impl<
         if !self.tree_call {
             return Ok(None);
         }
+        self.poll_marked(|e, c| match e.trees.as_mut().get_mut(c) {
+            Some(TreeChannel {
+                machine: Some(m), ..
+            }) => m.poll_action(),
+            _ => Ok(None),
+        })
+    }
+
+    /// What [`poll`](Engine::poll) and [`poll_tree`](Engine::poll_tree)
+    /// share: the marked channels, round robin from the cursor, each asked
+    /// once by `machine` (its machine's `poll_action`) until one has an
+    /// action. A channel with an exec outstanding, or done, is unmarked
+    /// (an event marks it again); the last `Done` finishes the call.
+    #[inline(always)]
+    fn poll_marked<A: Polled>(
+        &mut self,
+        mut machine: impl FnMut(&mut Self, usize) -> Result<Option<A>, Error>,
+    ) -> Result<Option<(ChannelId, A)>, EngineError> {
         while self.dirty != 0 {
             let c = next_bit(self.dirty, u32::from(self.cursor));
             let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
-            let polled = match self.trees.as_mut().get_mut(c as usize) {
-                Some(TreeChannel {
-                    machine: Some(m), ..
-                }) => m.poll_action(),
-                _ => Ok(None),
-            };
-            match polled {
+            match machine(self, c as usize) {
                 Ok(Some(action)) => {
                     self.cursor = u8::try_from(c).unwrap_or(0);
-                    if matches!(action, TreeAction::Exec(_)) {
+                    // A machine with an exec outstanding has nothing more
+                    // until an event (which marks it again).
+                    if action.is_exec() {
                         self.dirty &= !bit(c);
                     }
-                    if action == TreeAction::Done {
+                    if action.is_done() {
                         self.dirty &= !bit(c);
                         self.open &= !bit(c);
                         if self.open == 0 {
