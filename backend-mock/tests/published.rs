@@ -52,16 +52,20 @@ fn tables() -> Vec<(String, Value)> {
 }
 
 /// Simulated seconds of one AllReduce of `bytes` (float, sum), with the
-/// protocol the tuner picks; the protocol too.
-fn simulate(cluster: &mut Cluster, bytes: u64) -> (f64, ringcc_core::Protocol) {
+/// algorithm and protocol the tuner picks (Ring only for `ring` tables,
+/// as `NCCL_ALGO=Ring`); the choice too.
+fn simulate(cluster: &mut Cluster, bytes: u64, ring: bool) -> (f64, ringcc_core::tune::Estimate) {
     let n = cluster.ranks();
     let count = (bytes / 4).max(1);
-    let choice = cluster
-        .config()
-        .tuner()
+    let mut tuner = cluster.config().tuner();
+    if ring {
+        tuner.algos = ringcc_core::tune::AlgoSet::only(ringcc_core::Algorithm::Ring);
+    }
+    let choice = tuner
         .choose(Collective::AllReduce, count * 4)
         .unwrap()
         .chosen;
+    cluster.set_algorithm(choice.algorithm).unwrap();
     cluster.set_protocol(choice.protocol).unwrap();
     let call = Call::new(Collective::AllReduce, count, DataType::F32, ReduceOp::Sum);
     let t0 = cluster.now();
@@ -69,7 +73,7 @@ fn simulate(cluster: &mut Cluster, bytes: u64) -> (f64, ringcc_core::Protocol) {
         .run(&vec![call; n as usize], &mut [], false)
         .unwrap();
     assert!(report.ok(), "{report:?}");
-    (cluster.now() - t0, choice.protocol)
+    (cluster.now() - t0, choice)
 }
 
 /// The preset's configuration with the table's shape.
@@ -134,8 +138,8 @@ fn published_tables() {
             t["nccl_algo"].as_str().unwrap_or("(default)")
         );
         println!(
-            "{:>12} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7}",
-            "size", "proto", "pub us", "sim us", "pub busbw", "sim busbw", "ratio"
+            "{:>12} {:>11} {:>10} {:>10} {:>9} {:>9} {:>7}",
+            "size", "algo/proto", "pub us", "sim us", "pub busbw", "sim busbw", "ratio"
         );
         let mut cluster = Cluster::new(cfg).unwrap();
         let (mut t_met, mut t_held, mut t_known, mut t_fail) = (0, 0, 0, 0);
@@ -150,7 +154,7 @@ fn published_tables() {
             } else {
                 continue;
             };
-            let (secs, proto) = simulate(&mut cluster, size);
+            let (secs, choice) = simulate(&mut cluster, size, ring);
             let factor = Collective::AllReduce.bus_factor(ranks);
             let sim_busbw = size as f64 / secs / 1e9 * factor;
             let pub_us = r["time_us"].as_f64().unwrap();
@@ -179,8 +183,8 @@ fn published_tables() {
                 (_, false, None) => format!("  ({what}, OUTSIDE {:.0} %: FAILS)", tol * 100.0),
             };
             println!(
-                "{size:>12} {:>6} {pub_us:>10.1} {:>10.1} {pub_busbw:>9.2} {sim_busbw:>9.2} {ratio:>7.3}{verdict}",
-                proto.name(),
+                "{size:>12} {:>11} {pub_us:>10.1} {:>10.1} {pub_busbw:>9.2} {sim_busbw:>9.2} {ratio:>7.3}{verdict}",
+                format!("{}/{}", choice.algorithm.name(), choice.protocol.name()),
                 secs * 1e6,
             );
             if target == Target::None {

@@ -86,3 +86,44 @@ fn tree_in_payload_mode_is_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Where the tuner's model (with the simulator's capabilities) rates one
+/// algorithm more than 2× faster than the other under the same protocol,
+/// the simulator orders them the same way — the model the tuner chooses
+/// by and the cluster it chooses for do not disagree on clear cases.
+/// Shapes 1, 2, 4, 8 nodes × 8 GPUs of the dgx-h100 preset, 8 B to 16 MiB,
+/// LL and LL128 (the protocols the simulator's tuner may run a tree with).
+#[test]
+fn the_simulator_agrees_with_the_tuner_on_clear_cases() {
+    let mut clear = 0;
+    for nodes in [1u32, 2, 4, 8] {
+        let c = ringcc_mock::Preset::parse("dgx-h100").unwrap().config(nodes);
+        let tuner = c.tuner();
+        for proto in [Protocol::Ll, Protocol::Ll128] {
+            for bytes in [8u64, 64 << 10, 1 << 20, 16 << 20] {
+                let est = |a| {
+                    tuner
+                        .estimate(Collective::AllReduce, bytes, a, proto)
+                        .unwrap()
+                        .time_us
+                };
+                let (ring, tree) = (est(Algorithm::Ring), est(Algorithm::Tree));
+                if ring.max(tree) < 2.0 * ring.min(tree) {
+                    continue;
+                }
+                clear += 1;
+                let sim = |a| time(c.clone(), a, proto, bytes);
+                let (s_ring, s_tree) = (sim(Algorithm::Ring), sim(Algorithm::Tree));
+                assert_eq!(
+                    ring < tree,
+                    s_ring < s_tree,
+                    "{nodes} x 8, {proto}, {bytes} B: model ring {ring:.1} us / tree {tree:.1} us, \
+                     simulated ring {:.1} us / tree {:.1} us",
+                    s_ring * 1e6,
+                    s_tree * 1e6
+                );
+            }
+        }
+    }
+    assert!(clear >= 4, "only {clear} clear cases: the test checks too little");
+}

@@ -100,10 +100,9 @@ pub fn tuner(t: &TopoArgs, cfg: &ClusterConfig) -> Result<Tuner, CliError> {
     };
     if let Some((src, v)) = from(&t.algo, "RINGCC_ALGO") {
         tuner.algos = AlgoSet::parse(&v).map_err(|e| CliError::usage(format!("{src} {v}: {e}")))?;
-        // The simulator runs Tree (AllReduce, timing-only) when asked;
-        // the default choice stays within `ClusterConfig::CAPABILITIES`
-        // (Ring) until the simulated tree's mid-size bandwidth is
-        // calibrated.
+        // Named algorithms may run under any protocol the simulator has
+        // (Tree under Simple too, which the automatic choice leaves out:
+        // see `ClusterConfig::CAPABILITIES`).
         tuner.caps = Capabilities::ALL;
         for a in Algorithm::ALL {
             if tuner.algos.contains(a) && !tuner.caps.has_algorithm(a) {
@@ -210,6 +209,14 @@ impl PerfBackend for MockBackend {
                 c.chunk_bytes,
                 c.mtu
             ),
+            // The timed run takes the tuner's algorithm and protocol; the
+            // payload check (`#wrong`) moves and reduces the bytes on the
+            // ring under Simple — the simulator's tree and line protocols
+            // are timing-only (the core's own tests prove them: tree_engine,
+            // line_props, loom_line).
+            "  algorithm and protocol per size: the tuner's (`ringcc explain`); #wrong checks the \
+             data on the ring (Simple), the simulated Tree/LL/LL128 run timing-only"
+                .to_string(),
         ]
     }
 
