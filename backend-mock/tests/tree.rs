@@ -97,7 +97,9 @@ fn tree_in_payload_mode_is_refused() {
 fn the_simulator_agrees_with_the_tuner_on_clear_cases() {
     let mut clear = 0;
     for nodes in [1u32, 2, 4, 8] {
-        let c = ringcc_mock::Preset::parse("dgx-h100").unwrap().config(nodes);
+        let c = ringcc_mock::Preset::parse("dgx-h100")
+            .unwrap()
+            .config(nodes);
         let tuner = c.tuner();
         for proto in [Protocol::Ll, Protocol::Ll128] {
             for bytes in [8u64, 64 << 10, 1 << 20, 16 << 20] {
@@ -125,5 +127,8 @@ fn the_simulator_agrees_with_the_tuner_on_clear_cases() {
             }
         }
     }
-    assert!(clear >= 4, "only {clear} clear cases: the test checks too little");
+    assert!(
+        clear >= 4,
+        "only {clear} clear cases: the test checks too little"
+    );
 }
