@@ -16,12 +16,12 @@
 //! after the last byte left.
 
 use ringcc_core::prim::{slice_result, Exec};
-use ringcc_core::Primitive;
+use ringcc_core::{Primitive, Rank};
 
 use crate::error::Error;
 use crate::events::{Ev, NONE};
 use crate::fabric::Hop;
-use crate::sim::{RunData, Sim};
+use crate::sim::{RunCtx, RunData, Sim};
 use crate::trace::Rec;
 
 /// NVLink payload in flight: lands in `lane`'s FIFO at `offset`.
@@ -142,8 +142,6 @@ impl Sim {
         let t = self.lanes[l].t;
         let rank = t.rank;
         let call = self.run.calls[rank as usize];
-        let lay = self.run.layouts[rank as usize];
-        let elem = call.elem();
         let p = e.primitive;
         let missing = |what: &'static str| Error::Reduce {
             rank: t.rank_id(),
@@ -163,24 +161,7 @@ impl Sim {
             None => None,
         };
         let local = if p.reads_input() {
-            let at = lay.input_at + e.input_offset as usize * elem;
-            Some(match &mut self.run.data {
-                RunData::Buffers(b) => {
-                    let b = b.get(rank as usize).ok_or_else(|| missing("read input"))?;
-                    let src = if lay.in_place { &b.output } else { &b.input };
-                    src.get(at..at + bytes)
-                        .ok_or_else(|| missing("read input"))?
-                }
-                RunData::Generated(g) => {
-                    g.input(rank, e.input_offset, bytes)
-                        .map_err(|source| Error::Reduce {
-                            rank: t.rank_id(),
-                            call: "generate input",
-                            source,
-                        })?
-                }
-                RunData::None => return Err(missing("read input")),
-            })
+            Some(self.run.payload_input(rank, e.input_offset, bytes)?)
         } else {
             None
         };
@@ -203,23 +184,7 @@ impl Sim {
             source,
         })?;
         if p.contains(Primitive::COPY) {
-            let at = lay.output_at + e.output_offset as usize * elem;
-            match &mut self.run.data {
-                RunData::Buffers(b) => b
-                    .get_mut(rank as usize)
-                    .and_then(|b| b.output.get_mut(at..at + bytes))
-                    .ok_or_else(|| missing("write output"))?
-                    .copy_from_slice(&result),
-                RunData::Generated(g) => {
-                    g.write(rank, e.output_offset, &result)
-                        .map_err(|source| Error::Reduce {
-                            rank: t.rank_id(),
-                            call: "check output",
-                            source,
-                        })?
-                }
-                RunData::None => return Err(missing("write output")),
-            }
+            self.run.payload_output(rank, e.output_offset, &result)?;
         }
         Ok(result)
     }
@@ -229,5 +194,84 @@ impl Sim {
         if let Some(x) = self.xfers.take(xfer) {
             self.mem.write(x.rank, x.offset, &x.data);
         }
+    }
+}
+
+impl RunCtx {
+    /// Payload mode: `bytes` of `rank`'s input from input element
+    /// `input_offset` (in place: from the output buffer), from the
+    /// callers' buffers or generated where read.
+    pub(crate) fn payload_input(
+        &mut self,
+        rank: u32,
+        input_offset: u64,
+        bytes: usize,
+    ) -> Result<&[u8], Error> {
+        let lay = self.layouts[rank as usize];
+        let elem = self.elem[rank as usize] as usize;
+        let missing = payload_missing(rank, bytes, "read input");
+        match &mut self.data {
+            RunData::Buffers(b) => {
+                let at = lay.input_at + input_offset as usize * elem;
+                let b = b.get(rank as usize).ok_or_else(missing)?;
+                let src = if lay.in_place { &b.output } else { &b.input };
+                src.get(at..at + bytes).ok_or_else(missing)
+            }
+            RunData::Generated(g) => {
+                g.input(rank, input_offset, bytes)
+                    .map_err(|source| Error::Reduce {
+                        rank: Rank(rank),
+                        call: "generate input",
+                        source,
+                    })
+            }
+            RunData::None => Err(missing()),
+        }
+    }
+
+    /// Payload mode: `rank` writes `data` at output element
+    /// `output_offset` (generated data: checked there).
+    pub(crate) fn payload_output(
+        &mut self,
+        rank: u32,
+        output_offset: u64,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let lay = self.layouts[rank as usize];
+        let elem = self.elem[rank as usize] as usize;
+        let missing = payload_missing(rank, data.len(), "write output");
+        match &mut self.data {
+            RunData::Buffers(b) => {
+                let at = lay.output_at + output_offset as usize * elem;
+                b.get_mut(rank as usize)
+                    .and_then(|b| b.output.get_mut(at..at + data.len()))
+                    .ok_or_else(missing)?
+                    .copy_from_slice(data);
+                Ok(())
+            }
+            RunData::Generated(g) => {
+                g.write(rank, output_offset, data)
+                    .map_err(|source| Error::Reduce {
+                        rank: Rank(rank),
+                        call: "check output",
+                        source,
+                    })
+            }
+            RunData::None => Err(missing()),
+        }
+    }
+}
+
+/// The error of a payload access that found no bytes where `what` needed
+/// `bytes` of them.
+pub(crate) fn payload_missing(
+    rank: u32,
+    bytes: usize,
+    what: &'static str,
+) -> impl Fn() -> Error + Copy {
+    move || Error::Reduce {
+        rank: Rank(rank),
+        call: what,
+        source: ringcc_core::Error::BadLength { dst: bytes, src: 0 },
     }
 }

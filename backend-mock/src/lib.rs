@@ -240,9 +240,15 @@ impl Cluster {
 
     /// Switches the algorithm later runs use: Ring (the default) or Tree
     /// (NCCL's double binary tree with chains inside nodes; AllReduce
-    /// only, timing-only: fails in payload mode).
+    /// only; in payload mode its slices' bytes move and reduce as the
+    /// ring's do, in the same simulated time).
     pub fn set_algorithm(&mut self, algorithm: ringcc_core::Algorithm) -> Result<(), Error> {
         self.sim.set_algorithm(algorithm)
+    }
+
+    /// The algorithm later runs use.
+    pub fn algorithm(&self) -> ringcc_core::Algorithm {
+        self.sim.algorithm
     }
 
     /// Counters, per-link traffic and the event-log hash, as of the end

@@ -14,18 +14,30 @@
 //! bandwidth on a serial resource per GPU pair (NVLink) or per NIC port
 //! (transmit side), then the hop latency; a NIC hop also pays the
 //! doorbell and the per-message overhead. Credits return after one hop
-//! latency. Timing-only: a tree call moves no bytes (payload mode refuses
-//! it), and NIC hops are flows, not queue pairs and packets.
+//! latency. NIC hops are flows, not queue pairs and packets.
+//!
+//! Payload mode: each exec reads its incoming slices out of the rank's
+//! FIFO slots of the connections it receives on (from the children going
+//! up, from the parent going down), reduces them with the rank's input
+//! where the primitive says so ([`tree_slice_result`]), writes the output
+//! where it says so, and sends the result to each connection's peer: the
+//! bytes travel with the peer's `tail` event and land in the peer's slot
+//! (FIFO step mod [`STEPS`]) when it arrives. A slot is emptied when
+//! read; landing on a full slot or reading an empty one is an overrun the
+//! run reports. The bytes never change an event's time: a payload run
+//! takes exactly the simulated time of a timing-only one.
 
 use std::collections::HashMap;
 
-use ringcc_core::prim::{TreeAction, TreeConn, TreeExec, TREE_CONNS};
+use ringcc_core::fifo::STEPS;
+use ringcc_core::prim::{tree_slice_result, TreeAction, TreeConn, TreeExec, TREE_CONNS};
 use ringcc_core::progress::Event;
 use ringcc_core::tree::{TreeOrder, UniformTree};
 use ringcc_core::{ChannelId, Primitive, Rank};
 
 use crate::error::Error;
-use crate::events::{Ev, Ps, Rate, Slab};
+use crate::events::{Ev, Ps, Rate, Slab, NONE};
+use crate::exec::payload_missing;
 use crate::lane::LaneState;
 use crate::sim::Sim;
 
@@ -37,7 +49,14 @@ pub(crate) struct TreeMsg {
     /// The connection the event arrives on (ignored for `ExecDone`).
     pub conn: TreeConn,
     pub event: Event,
+    /// Payload mode, on the slice's `Tail` event: the slice's bytes
+    /// ([`TreeState::landing`]), else [`NONE`].
+    pub data: u32,
 }
+
+/// A FIFO slot of a tree connection: the receiving rank, channel,
+/// connection ([`TreeConn::index`]) and slot (FIFO step mod [`STEPS`]).
+type SlotKey = (u32, u8, u8, u64);
 
 /// A peer on one connection: its rank and its connection back to us.
 type Peer = Option<(u32, TreeConn)>;
@@ -52,6 +71,10 @@ pub(crate) struct TreeState {
     /// When a transmit resource is free: NVLink `(from, to)` GPU pair,
     /// NIC port `(u32::MAX, port)`.
     pub busy: HashMap<(u32, u32), Ps>,
+    /// Payload mode: slices in flight, each with its FIFO step.
+    pub landing: Slab<(u64, Vec<u8>)>,
+    /// Payload mode: the slices landed and not yet read.
+    pub slots: HashMap<SlotKey, Vec<u8>>,
 }
 
 impl Default for TreeState {
@@ -60,6 +83,8 @@ impl Default for TreeState {
             peers: Vec::new(),
             msgs: Slab::new(),
             busy: HashMap::new(),
+            landing: Slab::new(),
+            slots: HashMap::new(),
         }
     }
 }
@@ -103,16 +128,34 @@ impl Sim {
             }
         }
         self.tree.peers = peers;
+        // What an earlier, failed call left in flight is not this call's.
+        self.tree.slots.clear();
+        self.tree.landing = Slab::new();
         Ok(())
     }
 
     /// Schedules `event` for `rank`'s channel `channel` on `conn` at `at`.
     fn tree_at(&mut self, at: Ps, rank: u32, channel: u8, conn: TreeConn, event: Event) {
+        self.tree_at_with(at, rank, channel, conn, event, NONE);
+    }
+
+    /// [`tree_at`](Sim::tree_at) carrying payload `data` (a
+    /// [`TreeState::landing`] index, or [`NONE`]).
+    fn tree_at_with(
+        &mut self,
+        at: Ps,
+        rank: u32,
+        channel: u8,
+        conn: TreeConn,
+        event: Event,
+        data: u32,
+    ) {
         let id = self.tree.msgs.insert(TreeMsg {
             rank,
             channel,
             conn,
             event,
+            data,
         });
         self.events.at(at, Ev::Tree { id });
     }
@@ -125,6 +168,12 @@ impl Sim {
         let l = self.fab.lane(u32::from(m.channel), m.rank);
         if self.lanes[l].state != LaneState::Running {
             return;
+        }
+        if m.data != NONE {
+            if let Err(err) = self.land_tree(&m) {
+                self.fail_lane(l, err);
+                return;
+            }
         }
         let now = self.events.now();
         let engine = &mut self.lanes.engines[m.rank as usize];
@@ -197,6 +246,11 @@ impl Sim {
         let elem = self.run.elem[rank as usize];
         let bytes = e.count.saturating_mul(elem);
         let p = e.primitive;
+        let result = if self.cfg.payload {
+            Some(self.tree_compute(rank, c, e, bytes as usize)?)
+        } else {
+            None
+        };
         let recvs = e.recv_conns().count() as u64;
         let touched = recvs
             + u64::from(p.reads_input())
@@ -247,10 +301,91 @@ impl Sim {
         for (conn, _) in e.send_conns() {
             if let Some((peer, back, at)) = arrivals[conn.index()] {
                 for ev in e.peer_events(conn) {
-                    self.tree_at(at.max(done), peer, c.0, back, ev);
+                    let data = match (ev, &result) {
+                        (Event::Tail(_), Some(r)) => {
+                            self.tree.landing.insert((span_step(e, conn), r.clone()))
+                        }
+                        _ => NONE,
+                    };
+                    self.tree_at_with(at.max(done), peer, c.0, back, ev, data);
                 }
             }
         }
         Ok(())
     }
+
+    /// Payload mode: the slice of `m` (a `Tail` event) lands in the
+    /// receiver's slot of the connection it arrives on.
+    fn land_tree(&mut self, m: &TreeMsg) -> Result<(), Error> {
+        let Some((step, data)) = self.tree.landing.take(m.data) else {
+            return Ok(());
+        };
+        let key = (m.rank, m.channel, m.conn.index() as u8, step % STEPS);
+        if self.tree.slots.insert(key, data).is_some() {
+            return Err(Error::Reduce {
+                rank: Rank(m.rank),
+                call: "land in a full FIFO slot",
+                source: ringcc_core::Error::Protocol(ringcc_core::ProtocolViolation::Overrun),
+            });
+        }
+        Ok(())
+    }
+
+    /// Payload mode: one tree slice's bytes on `rank`: the incoming slots
+    /// (emptied) reduced with the input where the primitive says so, the
+    /// output written where it says so; returns what to send.
+    fn tree_compute(
+        &mut self,
+        rank: u32,
+        c: ChannelId,
+        e: &TreeExec,
+        bytes: usize,
+    ) -> Result<Vec<u8>, Error> {
+        let call = self.run.calls[rank as usize];
+        let p = e.primitive;
+        let mut incoming: [Option<Vec<u8>>; TREE_CONNS] = Default::default();
+        for (conn, span) in e.recv_conns() {
+            let key = (rank, c.0, conn.index() as u8, span.step % STEPS);
+            let slice = self
+                .tree
+                .slots
+                .remove(&key)
+                .filter(|s| s.len() == bytes)
+                .ok_or_else(payload_missing(rank, bytes, "read FIFO slot"))?;
+            incoming[conn.index()] = Some(slice);
+        }
+        let local = if p.reads_input() {
+            Some(self.run.payload_input(rank, e.input_offset, bytes)?)
+        } else {
+            None
+        };
+        let mut result = vec![0u8; bytes];
+        tree_slice_result(
+            p,
+            call.dtype,
+            call.op,
+            self.fab.ranks,
+            incoming.iter().flatten().map(Vec::as_slice),
+            local,
+            &mut result,
+        )
+        .map_err(|source| Error::Reduce {
+            rank: Rank(rank),
+            call: "tree_slice_result",
+            source,
+        })?;
+        if p.contains(Primitive::COPY) {
+            self.run.payload_output(rank, e.output_offset, &result)?;
+        }
+        Ok(result)
+    }
+}
+
+/// The FIFO step of `e`'s slice sent on `conn` (0 if it sends none there).
+fn span_step(e: &TreeExec, conn: TreeConn) -> u64 {
+    e.send
+        .get(conn.index())
+        .copied()
+        .flatten()
+        .map_or(0, |s| s.step)
 }

@@ -1,10 +1,14 @@
-//! Tree AllReduce on the simulator: every shape runs to completion, tree
+//! Tree AllReduce on the simulator: every shape runs to completion, in
+//! payload mode every rank's output is the reduction (and a corrupted
+//! input is caught) in the time a timing-only run takes, tree
 //! beats ring latency for small messages on large clusters, and the
 //! simulator's ordering of the tuner's candidates agrees with the model's
 //! where the model sees a clear gap.
 
-use ringcc_core::{Algorithm, Collective, DataType, Protocol, ReduceOp};
-use ringcc_mock::{Call, Cluster, ClusterConfig, Error};
+mod common;
+
+use ringcc_core::{verify, Algorithm, Collective, DataType, Protocol, Rank, ReduceOp};
+use ringcc_mock::{Call, Cluster, ClusterConfig, GeneratedData, RankBuffers};
 
 fn cfg(nodes: u32, gpus: u32) -> ClusterConfig {
     ClusterConfig {
@@ -75,18 +79,6 @@ fn tree_beats_ring_latency_at_64_ranks() {
     }
 }
 
-/// Payload mode refuses a tree call with a clear error.
-#[test]
-fn tree_in_payload_mode_is_refused() {
-    let mut c = cfg(2, 2);
-    c.payload = true;
-    let mut cl = Cluster::new(c).unwrap();
-    match cl.set_algorithm(Algorithm::Tree) {
-        Err(Error::BadConfig { what }) => assert!(what.contains("timing-only"), "{what}"),
-        other => panic!("{other:?}"),
-    }
-}
-
 /// Where the tuner's model (with the simulator's capabilities) rates one
 /// algorithm more than 2× faster than the other under the same protocol,
 /// the simulator orders them the same way — the model the tuner chooses
@@ -131,4 +123,177 @@ fn the_simulator_agrees_with_the_tuner_on_clear_cases() {
         clear >= 4,
         "only {clear} clear cases: the test checks too little"
     );
+}
+
+/// A small payload-mode cluster running tree calls (64 B slots: a few
+/// hundred elements are many slices and several chunks).
+fn payload_cluster(nodes: u32, gpus: u32) -> Cluster {
+    let c = common::small(nodes, gpus, gpus.min(2) as u16, 2);
+    let mut cl = Cluster::new(c).unwrap();
+    cl.set_algorithm(Algorithm::Tree).unwrap();
+    cl
+}
+
+/// Runs `call` as a tree AllReduce with exact inputs (rank `corrupt.0`'s
+/// input element `corrupt.1` flipped, if any); returns every rank's
+/// `#wrong` by `ringcc_core::verify::count_wrong`, and the simulated time.
+fn payload_run(
+    cl: &mut Cluster,
+    call: Call,
+    in_place: bool,
+    salt: u64,
+    corrupt: Option<(u32, usize)>,
+) -> (Vec<u64>, f64) {
+    let n = cl.ranks();
+    let mut bufs = common::buffers(&call, n, in_place, salt);
+    if let Some((r, at)) = corrupt {
+        let input = bufs[r as usize].input_mut(&call, n, Rank(r), in_place);
+        input[at * call.elem()] ^= 0x5a;
+    }
+    let r = cl
+        .run(&vec![call; n as usize], &mut bufs, in_place)
+        .unwrap();
+    assert!(r.ok(), "{call:?}: {:?}", r.first_error());
+    let plan = common::ref_plan(&call, n);
+    let wrong = (0..n)
+        .map(|rank| {
+            let out = bufs[rank as usize].output(&call, n, Rank(rank), in_place);
+            verify::count_wrong(&plan, call.op, rank, salt, out).unwrap()
+        })
+        .collect();
+    (wrong, r.end - r.start)
+}
+
+const DTYPES: [DataType; 4] = [DataType::F32, DataType::I32, DataType::Bf16, DataType::F64];
+const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Prod, ReduceOp::Avg];
+
+/// Payload mode: on a selection of 1-8 nodes x 1-8 ranks, tree AllReduce
+/// of 0, 1, uneven and several-chunk counts, every dtype x op, in place
+/// and out of place: every rank's output is the reduction.
+#[test]
+fn tree_payload_allreduce_is_the_reduction() {
+    let shapes = [
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (2, 1),
+        (2, 2),
+        (3, 3),
+        (1, 8),
+        (8, 1),
+        (4, 2),
+        (8, 8),
+    ];
+    for (i, (nodes, gpus)) in shapes.into_iter().enumerate() {
+        let mut cl = payload_cluster(nodes, gpus);
+        for (j, count) in [0u64, 1, 37, 1003].into_iter().enumerate() {
+            for (k, (dtype, op)) in DTYPES
+                .into_iter()
+                .flat_map(|d| OPS.into_iter().map(move |o| (d, o)))
+                .enumerate()
+            {
+                // Every dtype x op on the small shapes; a rotating few on
+                // the 64-rank one.
+                if nodes * gpus > 16 && (k + j) % 5 != 0 {
+                    continue;
+                }
+                let in_place = (i + j + k) % 2 == 0;
+                let call = Call::new(Collective::AllReduce, count, dtype, op);
+                let salt = (i * 100 + j * 10 + k) as u64;
+                let (wrong, _) = payload_run(&mut cl, call, in_place, salt, None);
+                assert!(
+                    wrong.iter().all(|w| *w == 0),
+                    "{nodes}x{gpus} {call:?} in place {in_place}: #wrong per rank {wrong:?}"
+                );
+            }
+        }
+    }
+}
+
+/// A corrupted input element reaches every rank's output: `#wrong` is 1
+/// per rank (the element whose reduction it spoils).
+#[test]
+fn tree_payload_catches_a_corrupted_input() {
+    for (nodes, gpus) in [(1, 4), (2, 3), (4, 2)] {
+        let mut cl = payload_cluster(nodes, gpus);
+        for in_place in [false, true] {
+            let call = Call::new(Collective::AllReduce, 301, DataType::I32, ReduceOp::Sum);
+            let (wrong, _) = payload_run(&mut cl, call, in_place, 7, Some((1, 123)));
+            assert_eq!(
+                wrong,
+                vec![1; (nodes * gpus) as usize],
+                "{nodes}x{gpus} in place {in_place}"
+            );
+        }
+    }
+}
+
+/// Generated data (the CLI's `-c 1` path): `#wrong` is 0 in place and
+/// out of place, and counts a deliberately corrupted output.
+#[test]
+fn tree_payload_generated_checks() {
+    for (nodes, gpus) in [(1, 2), (2, 2), (3, 4), (8, 2)] {
+        let mut cl = payload_cluster(nodes, gpus);
+        let n = cl.ranks();
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::Bf16, ReduceOp::Avg),
+            (DataType::I32, ReduceOp::Prod),
+            (DataType::F64, ReduceOp::Max),
+        ] {
+            for in_place in [false, true] {
+                let call = Call::new(Collective::AllReduce, 777, dtype, op);
+                let calls = vec![call; n as usize];
+                let mut g = GeneratedData::new(call, n, 11).unwrap();
+                let r = cl.run_generated(&calls, &mut g, in_place).unwrap();
+                assert!(r.ok(), "{:?}", r.first_error());
+                assert_eq!(g.wrong(), 0, "{nodes}x{gpus} {call:?} in place {in_place}");
+                g.corrupt_output(Rank(n - 1), 5);
+                let r = cl.run_generated(&calls, &mut g, in_place).unwrap();
+                assert!(r.ok(), "{:?}", r.first_error());
+                assert_eq!(g.wrong(), 5, "{nodes}x{gpus} {call:?} in place {in_place}");
+            }
+        }
+    }
+}
+
+/// Moving the bytes does not change the simulated time: a payload run
+/// and a timing-only run of the same call end at the same time, call
+/// after call.
+#[test]
+fn tree_payload_takes_the_timing_only_time() {
+    for (nodes, gpus) in [(1, 3), (2, 2), (4, 4)] {
+        for count in [1u64, 1003, 20_000] {
+            let call = Call::new(Collective::AllReduce, count, DataType::F32, ReduceOp::Sum);
+            let mut payload = payload_cluster(nodes, gpus);
+            let mut timing = Cluster::new(ClusterConfig {
+                payload: false,
+                ..common::small(nodes, gpus, gpus.min(2) as u16, 2)
+            })
+            .unwrap();
+            timing.set_algorithm(Algorithm::Tree).unwrap();
+            let n = timing.ranks() as usize;
+            for _ in 0..2 {
+                let (wrong, t_payload) = payload_run(&mut payload, call, false, 3, None);
+                assert!(wrong.iter().all(|w| *w == 0));
+                let r = timing.run(&vec![call; n], &mut [], false).unwrap();
+                assert!(r.ok());
+                assert_eq!(
+                    t_payload,
+                    r.end - r.start,
+                    "{nodes}x{gpus} count {count}: payload vs timing-only"
+                );
+            }
+        }
+    }
+}
+
+/// Buffers that are not the call's are refused before the tree call
+/// starts, as for the ring.
+#[test]
+fn tree_payload_checks_buffer_sizes() {
+    let mut cl = payload_cluster(2, 2);
+    let call = Call::new(Collective::AllReduce, 10, DataType::F32, ReduceOp::Sum);
+    let mut bufs = vec![RankBuffers::default(); 4];
+    assert!(cl.run(&[call; 4], &mut bufs, false).is_err());
 }
