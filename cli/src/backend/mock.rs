@@ -134,6 +134,14 @@ impl MockBackend {
         })
     }
 
+    /// The tuner's choice for `call` (the timed run and its check take
+    /// the same).
+    fn choice(&self, call: &Call) -> Result<ringcc_core::tune::Choice, CliError> {
+        self.tuner
+            .choose(call.collective, nccl_tests_size(call, self.ranks()))
+            .map_err(|e| CliError::usage(e.to_string()))
+    }
+
     fn cluster<'a>(
         slot: &'a mut Option<Cluster>,
         cfg: &ClusterConfig,
@@ -210,12 +218,14 @@ impl PerfBackend for MockBackend {
                 c.mtu
             ),
             // The timed run takes the tuner's algorithm and protocol; the
-            // payload check (`#wrong`) moves and reduces the bytes on the
-            // ring under Simple — the simulator's tree and line protocols
-            // are timing-only (the core's own tests prove them: tree_engine,
+            // payload check (`#wrong`) moves and reduces the bytes with the
+            // same algorithm (ring or tree), under Simple: the simulator's
+            // payload mode carries Simple slots only, so LL/LL128 lines are
+            // timing-only there (the core's own tests prove them:
             // line_props, loom_line).
             "  algorithm and protocol per size: the tuner's (`ringcc explain`); #wrong checks the \
-             data on the ring (Simple), the simulated Tree/LL/LL128 run timing-only"
+             data with the row's algorithm (ring or tree) under Simple's bytes (LL/LL128 run \
+             timing-only)"
                 .to_string(),
         ]
     }
@@ -233,11 +243,8 @@ impl PerfBackend for MockBackend {
     ) -> Result<f64, CliError> {
         let n = self.ranks();
         let calls = vec![*call; n as usize];
+        let choice = self.choice(call)?;
         let cluster = Self::cluster(&mut self.timing, &self.cfg, false)?;
-        let choice = self
-            .tuner
-            .choose(call.collective, nccl_tests_size(call, n))
-            .map_err(|e| CliError::usage(e.to_string()))?;
         cluster
             .set_protocol(choice.chosen.protocol)
             .map_err(|e| run_failed("protocol", e))?;
@@ -273,6 +280,9 @@ impl PerfBackend for MockBackend {
         }
         let n = self.ranks();
         let mc = *call;
+        // The timed row's algorithm (the tuner's choice, as `time` made
+        // it), under Simple: the payload clusters carry Simple slots only.
+        let algorithm = self.choice(call)?.chosen.algorithm;
         if self.generated.as_ref().and_then(GeneratedData::call) != Some(mc) {
             // A new size (or type, op): new inputs, a new reference.
             self.generated = None;
@@ -292,12 +302,17 @@ impl PerfBackend for MockBackend {
         let calls = vec![mc; n as usize];
         let [out_cl, in_cl] = &mut self.payload;
         let out_cl = Self::cluster(out_cl, &self.cfg, true)?;
+        out_cl
+            .set_algorithm(algorithm)
+            .map_err(|e| run_failed("algorithm", e))?;
+        let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
+        in_cl
+            .set_algorithm(algorithm)
+            .map_err(|e| run_failed("algorithm", e))?;
         if in_place {
             // Asked for in place alone (not after its out-of-place twin).
-            let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
             return checked_run(in_cl, &calls, data, true).map_err(CliError::failed);
         }
-        let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
         let mut twin = data.share();
         let (out_w, in_w) = std::thread::scope(|s| {
             let t = s.spawn(|| checked_run(in_cl, &calls, &mut twin, true));
@@ -392,5 +407,46 @@ impl PerfBackend for MockBackend {
             seconds: 2.0 * timing + 1.3 * (slices * PAYLOAD_PER_SLICE + moved * PAYLOAD_PER_BYTE),
             unchecked_bytes: base,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use ringcc_core::{Collective, DataType, ReduceOp};
+
+    use super::*;
+    use crate::args::{Cli, Command};
+
+    fn backend(flags: &[&str]) -> MockBackend {
+        let args = ["ringcc", "perf", "allreduce"].iter().chain(flags);
+        let Command::Perf(p) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not perf");
+        };
+        MockBackend::new(&p.topo).unwrap()
+    }
+
+    /// The check runs the timed row's algorithm: where the tuner picks
+    /// Tree, the payload clusters run the tree (and `#wrong` counts what
+    /// it got wrong); where it picks Ring, the ring.
+    #[test]
+    fn the_check_runs_the_timed_rows_algorithm() {
+        let mut b = backend(&["--nodes", "2", "--gpus-per-node", "4"]);
+        let mut seen = Vec::new();
+        for count in [2u64, 1 << 12, 1 << 22] {
+            let call = Call::new(Collective::AllReduce, count, DataType::F32, ReduceOp::Sum);
+            let algo = b.choice(&call).unwrap().chosen.algorithm;
+            seen.push(algo);
+            assert_eq!(b.check(&call, false, 0).unwrap(), 0, "{count} {algo}");
+            assert_eq!(b.check(&call, true, 0).unwrap(), 0, "{count} {algo}");
+            for cl in b.payload.iter().flatten() {
+                assert_eq!(cl.algorithm(), algo, "{count}");
+            }
+            let call = Call::new(Collective::AllReduce, count, DataType::I32, ReduceOp::Max);
+            assert_eq!(b.check(&call, false, 2).unwrap(), 2, "{count} {algo}");
+            assert_eq!(b.check(&call, true, 2).unwrap(), 2, "{count} {algo}");
+        }
+        assert!(seen.contains(&Algorithm::Tree), "{seen:?}");
+        assert!(seen.contains(&Algorithm::Ring), "{seen:?}");
     }
 }
