@@ -16,13 +16,18 @@ use ringcc_core::{Call, Protocol};
 
 use crate::error::{Error, Result};
 
-// Measured on the development machine (2 cores), 8 B AllReduce,
-// `RINGCC_PROTO=<p> ringcc perf allreduce --backend host --np N -b 8 -e 8
-// -n 100000 -c 0`, 5 interleaved rounds: one rank (no hop) 0.33–0.45 µs;
-// two ranks (two hops and the last credit) 1.14–2.1 µs under every
-// protocol alike. LL saves one cache-line transfer per hop (the separate
-// `tail`; ~50–90 ns of a 150–180 ns round trip), within that noise; an
-// LL128 line is two cache lines (data, then the flag), so it saves none.
+// Measured on the development machine (2 cores, quiet), 8 B AllReduce,
+// `ringcc perf allreduce --backend host --np N --proto <p> -b 8 -e 8
+// -n 100000 -c 0`, 8 interleaved rounds: one rank (no hop) 0.33–0.45 µs;
+// two ranks (two hops and the last credit) Simple median 1.35 µs
+// (1.09–2.54), LL 1.5 µs (1.10–2.30). LL saves the separate `tail` line
+// per hop (one cache-line transfer, ~50–90 ns of a 150–180 ns round
+// trip) but its receiver polls and decodes more per step, so on this CPU
+// it comes out no faster; at 512 B and 4 KiB it is clearly slower (4 KiB:
+// LL 3.4–8.7 µs, Simple 1.5–4.0 µs: its 8-byte units are written and read
+// one by one). An LL128 line is two cache lines (data, then the flag),
+// so it saves nothing over Simple. With these figures the tuner keeps
+// shared memory on Simple; LL and LL128 run when forced.
 
 /// Per call, µs, `[Ring, Tree][LL, LL128, Simple]`: what a call costs
 /// before its first hop (the job queue, starting the engine, the plan),
@@ -30,7 +35,7 @@ use crate::error::{Error, Result};
 const HOST_BASE_US: PerAlgoProto = [[0.4, 0.4, 0.4], [0.0, 0.0, 0.0]];
 /// Per shared-memory hop, µs: a slice handed from one process to the
 /// next (half of the two-rank figure less the base).
-const HOST_SHM_US: PerAlgoProto = [[0.45, 0.5, 0.5], [0.0, 0.0, 0.0]];
+const HOST_SHM_US: PerAlgoProto = [[0.55, 0.5, 0.5], [0.0, 0.0, 0.0]];
 /// Per TCP hop, µs (veth between network namespaces, `TCP_NODELAY`;
 /// 8 B on two ranks takes 29–39 µs): the frame carries its own arrival,
 /// so the protocols differ only in their slice sizes here.
@@ -157,37 +162,35 @@ mod tests {
     }
 
     #[test]
-    fn small_calls_take_ll_large_ones_simple_and_overrides_win() {
+    fn measured_latencies_keep_shared_memory_on_simple_and_overrides_win() {
         let t = tuner(4, 1, ProtoSet::ALL);
         let small = Call::all_reduce(2, DataType::F32, ReduceOp::Sum);
         let big = Call::all_reduce(1 << 20, DataType::F32, ReduceOp::Sum);
-        assert_eq!(choose_protocol(&t, &small, 4).unwrap(), Protocol::Ll);
+        assert_eq!(choose_protocol(&t, &small, 4).unwrap(), Protocol::Simple);
         assert_eq!(choose_protocol(&t, &big, 4).unwrap(), Protocol::Simple);
-        // AllGather's output is the larger buffer: ranks count.
-        let ag = Call::all_gather(64, DataType::F32);
-        let ag8 = tuner(8, 1, ProtoSet::ALL);
-        assert!(
-            choose_protocol(&ag8, &ag, 8).unwrap() != Protocol::Ll || {
-                let (_, o) = ag.buffer_bytes(8);
-                o <= 4096
-            }
-        );
         for p in Protocol::ALL {
             let t = tuner(2, 1, ProtoSet::only(p));
             assert_eq!(choose_protocol(&t, &big, 2).unwrap(), p);
             assert_eq!(choose_protocol(&t, &small, 2).unwrap(), p);
         }
-        let no_ll = tuner(2, 1, parse_protos("^LL").unwrap());
-        assert_ne!(choose_protocol(&no_ll, &small, 2).unwrap(), Protocol::Ll);
+        let ll_or_ll128 = tuner(2, 1, parse_protos("^Simple").unwrap());
+        assert_eq!(
+            choose_protocol(&ll_or_ll128, &small, 2).unwrap(),
+            Protocol::Ll128
+        );
+        // Were an LL hop cheaper (a machine where it measures so), small
+        // calls would take LL: the choice follows the latencies given.
+        let mut lat = HOST_LATENCIES;
+        lat.nvlink_us[0][0] = 0.3;
+        let fast_ll = tuner(2, 1, ProtoSet::ALL).with_latencies(lat);
+        assert_eq!(choose_protocol(&fast_ll, &small, 2).unwrap(), Protocol::Ll);
+        assert_eq!(choose_protocol(&fast_ll, &big, 2).unwrap(), Protocol::Simple);
     }
 
     #[test]
-    fn the_choice_is_the_tuners_argmin_and_monotone_in_size() {
-        // From LL at the smallest sizes to Simple at the largest, never
-        // back: the model's crossover, on one node and on two.
+    fn the_choice_is_the_tuners_argmin() {
         for (ranks, nodes) in [(2, 1), (4, 1), (4, 2), (8, 2)] {
             let t = tuner(ranks, nodes, ProtoSet::ALL);
-            let mut last = Protocol::Ll;
             for shift in 0..30 {
                 let call = Call::all_reduce(1 << shift, DataType::U8, ReduceOp::Sum);
                 let p = choose_protocol(&t, &call, ranks).unwrap();
@@ -199,13 +202,7 @@ mod tests {
                 for q in Protocol::ALL {
                     assert!(e(p) <= e(q), "{ranks}x{nodes} 2^{shift}: {p} vs {q}");
                 }
-                assert!(
-                    p.code() >= last.code() || p == Protocol::Ll128,
-                    "{p} after {last}"
-                );
-                last = p;
             }
-            assert_eq!(last, Protocol::Simple);
         }
     }
 
