@@ -184,7 +184,10 @@ mod tests {
         lat.nvlink_us[0][0] = 0.3;
         let fast_ll = tuner(2, 1, ProtoSet::ALL).with_latencies(lat);
         assert_eq!(choose_protocol(&fast_ll, &small, 2).unwrap(), Protocol::Ll);
-        assert_eq!(choose_protocol(&fast_ll, &big, 2).unwrap(), Protocol::Simple);
+        assert_eq!(
+            choose_protocol(&fast_ll, &big, 2).unwrap(),
+            Protocol::Simple
+        );
     }
 
     #[test]
