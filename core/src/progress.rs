@@ -584,23 +584,37 @@ impl<
                 for ch in self.channels.as_mut().iter_mut().take(c as usize) {
                     ch.machine = None;
                 }
-                // A predecessor's header that differs from this call is
-                // the peers' failure, not a refusal: it poisons.
-                let peer = matches!(
-                    e.core(),
-                    Some(Error::MismatchedCall { .. } | Error::Protocol(_))
-                );
-                return Err(if peer { self.poison(e) } else { e });
+                return Err(self.refuse(e));
             }
         }
+        self.begin(desc, used, false, now);
+        Ok(desc)
+    }
+
+    /// A start that failed: a predecessor's header that differs from this
+    /// call is the peers' failure, not a refusal, and poisons; anything
+    /// else leaves the engine as it was.
+    fn refuse(&mut self, e: EngineError) -> EngineError {
+        let peer = matches!(
+            e.core(),
+            Some(Error::MismatchedCall { .. } | Error::Protocol(_))
+        );
+        if peer {
+            self.poison(e)
+        } else {
+            e
+        }
+    }
+
+    /// The call `desc` runs on the first `used` channels from `now`.
+    fn begin(&mut self, desc: CallDesc, used: u32, tree: bool, now: u64) {
         self.call = Some(desc);
-        self.tree_call = false;
+        self.tree_call = tree;
         self.used = u8::try_from(used).unwrap_or(u8::MAX);
         self.open = mask(used);
         self.dirty = self.open;
         self.cursor = 0;
         self.last_progress = now;
-        Ok(desc)
     }
 
     #[inline]
@@ -863,20 +877,10 @@ impl<
                 for ch in self.trees.as_mut().iter_mut().take(c as usize) {
                     ch.machine = None;
                 }
-                let peer = matches!(
-                    e.core(),
-                    Some(Error::MismatchedCall { .. } | Error::Protocol(_))
-                );
-                return Err(if peer { self.poison(e) } else { e });
+                return Err(self.refuse(e));
             }
         }
-        self.call = Some(desc);
-        self.tree_call = true;
-        self.used = u8::try_from(used).unwrap_or(u8::MAX);
-        self.open = mask(used);
-        self.dirty = self.open;
-        self.cursor = 0;
-        self.last_progress = now;
+        self.begin(desc, used, true, now);
         Ok(desc)
     }
 
