@@ -123,36 +123,36 @@ pub struct TopoArgs {
     /// `^LL`, `simple`); default `RINGCC_PROTO`, else all.
     #[arg(long)]
     pub proto: Option<String>,
-    /// Simulator: NVLink hop latency under Simple, µs [1].
+    /// Simulator: NVLink hop latency under Simple, µs [default: 1].
     #[arg(long)]
     pub nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under Simple, µs [5].
+    /// Simulator: NIC hop latency under Simple, µs [default: 5].
     #[arg(long)]
     pub nic_us: Option<f64>,
-    /// Simulator: NVLink hop latency under LL, µs [0.6; presets 0.3].
+    /// Simulator: NVLink hop latency under LL, µs [default: 0.6; presets 0.3].
     #[arg(long)]
     pub ll_nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under LL, µs [2.7; presets 3, EFA 5].
+    /// Simulator: NIC hop latency under LL, µs [default: 2.7; presets 3, EFA 5].
     #[arg(long)]
     pub ll_nic_us: Option<f64>,
-    /// Simulator: NVLink hop latency under LL128, µs [1.9; presets 1].
+    /// Simulator: NVLink hop latency under LL128, µs [default: 1.9; presets 1].
     #[arg(long)]
     pub ll128_nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under LL128, µs [4; EFA 6].
+    /// Simulator: NIC hop latency under LL128, µs [default: 4; EFA 6].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
-    /// Simulator: share of NVLink line rate a ring reaches [1; presets
-    /// 0.82].
+    /// Simulator: share of NVLink line rate a ring reaches [default: 1;
+    /// presets 0.82].
     #[arg(long)]
     pub nvlink_eff: Option<f64>,
-    /// Simulator: share of NIC line rate data reaches [1; presets 0.96].
+    /// Simulator: share of NIC line rate data reaches [default: 1; presets 0.96].
     #[arg(long)]
     pub nic_eff: Option<f64>,
     /// Simulator: what one channel moves at most, GB/s [no limit;
     /// presets 24 H100, 20 A100].
     #[arg(long)]
     pub channel_gbps: Option<f64>,
-    /// Simulator: a NIC port's fixed time per message, µs [0; EFA 1].
+    /// Simulator: a NIC port's fixed time per message, µs [default: 0; EFA 1].
     #[arg(long)]
     pub nic_overhead_us: Option<f64>,
 }
