@@ -637,6 +637,15 @@ impl ClusterConfig {
         if k.launches_per_thread == 0 {
             return Err(bad("launches per thread must be at least 1"));
         }
+        // The last rank's launch must come before the watchdog's deadline.
+        let last_launch =
+            k.launch_latency * f64::from(k.launches_per_thread.min(self.gpus_per_node));
+        if last_launch >= self.deadline {
+            return Err(bad(format!(
+                "the last rank's launch ({last_launch} s) must come before the deadline ({} s)",
+                self.deadline
+            )));
+        }
         if self.payload && self.protocol != Protocol::Simple {
             return Err(bad(format!(
                 "payload mode moves the engine's Simple slices; {} runs timing-only",

@@ -114,6 +114,14 @@ fn bad_values_are_refused() {
             "{k:?}"
         );
     }
+    // A launch past the watchdog's deadline would read as a hang.
+    for (per_thread, ok) in [(1, true), (2, false)] {
+        let cfg = ClusterConfig {
+            deadline: 1.5,
+            ..timing(1, 2, with(1e6, per_thread, 0.0))
+        };
+        assert_eq!(Cluster::new(cfg).is_ok(), ok, "{per_thread}");
+    }
 }
 
 #[test]
