@@ -133,6 +133,24 @@ pub struct Calibration {
     /// Extra time a NIC port spends on every message (work-request
     /// processing that does not overlap the wire), seconds. Default 0.
     pub nic_message_overhead: f64,
+    /// What one kernel launch costs the thread that launches it (NCCL's
+    /// enqueue and `cudaLaunchKernel`), seconds: a rank's call starts
+    /// this long after the call is issued, or a multiple of it when one
+    /// thread launches several GPUs ([`launches_per_thread`]). Default 0.
+    ///
+    /// [`launches_per_thread`]: Calibration::launches_per_thread
+    pub launch_latency: f64,
+    /// GPUs one thread launches, one after the other (nccl-tests' `-g`):
+    /// local rank `l` is its thread's launch `l mod launches_per_thread`
+    /// and starts `(l mod launches_per_thread + 1) · launch_latency`
+    /// after the call is issued. Default 1 (a process per GPU).
+    pub launches_per_thread: u32,
+    /// What NCCL's network proxy adds to every message between nodes (a
+    /// CPU thread sees the GPU's step, posts the RDMA write, and on the
+    /// other side sees its completion), seconds; on top of the hop
+    /// latency, for data and credits alike, under every protocol.
+    /// Default 0.
+    pub proxy_latency: f64,
 }
 
 impl Default for Calibration {
@@ -152,6 +170,9 @@ impl Default for Calibration {
                 nic: 4.0e-6,
             },
             nic_message_overhead: 0.0,
+            launch_latency: 0.0,
+            launches_per_thread: 1,
+            proxy_latency: 0.0,
         }
     }
 }
@@ -168,6 +189,19 @@ impl Calibration {
         }
     }
 }
+
+/// The presets' per-launch cost, seconds: what one more GPU launched by
+/// the same thread adds to a small call in public nccl-tests runs with
+/// `-g N` (one thread launching N GPUs), net of the ring's extra hops
+/// (NVIDIA/nccl-tests issues #123 and #333). The README's "Tuning and the
+/// calibrated simulator" gives the figures and the arithmetic.
+pub const PRESET_LAUNCH_LATENCY: f64 = 4e-6;
+
+/// The presets' per-message network-proxy cost, seconds: what a public
+/// 8 B AllReduce on 2 nodes × 1 A100 (NVIDIA/nccl-tests issue #150)
+/// leaves once the simulator's launch and hops are counted (see the
+/// README's "Tuning and the calibrated simulator").
+pub const PRESET_PROXY_LATENCY: f64 = 0.8e-6;
 
 /// Common nodes, so that a user need not know their figures. A preset
 /// sets a [`ClusterConfig`]'s shape, links and calibration; the CLI's
@@ -225,6 +259,10 @@ impl Preset {
     /// - EFA: AWS's p5 documentation (3200 Gb/s per instance); an SRD
     ///   message costs more than an InfiniBand write (libfabric + the
     ///   OFI plugin's proxy), taken as 2 µs more per hop.
+    /// - Launch and proxy latencies: [`PRESET_LAUNCH_LATENCY`] (nccl-tests
+    ///   issues #123 and #333: what one more GPU per launching thread
+    ///   adds) and [`PRESET_PROXY_LATENCY`] (nccl-tests issue #150: 8 B on
+    ///   2 nodes × 1 GPU); one launch per thread (a process per GPU).
     pub fn config(self, nodes: u32) -> ClusterConfig {
         let base = ClusterConfig {
             nodes,
@@ -258,6 +296,9 @@ impl Preset {
                             nic: if efa { 6e-6 } else { 4e-6 },
                         },
                         nic_message_overhead: if efa { 1e-6 } else { 0.0 },
+                        launch_latency: PRESET_LAUNCH_LATENCY,
+                        launches_per_thread: 1,
+                        proxy_latency: PRESET_PROXY_LATENCY,
                     },
                     ..base
                 }
@@ -286,6 +327,9 @@ impl Preset {
                         nic: 4e-6,
                     },
                     nic_message_overhead: 0.0,
+                    launch_latency: PRESET_LAUNCH_LATENCY,
+                    launches_per_thread: 1,
+                    proxy_latency: PRESET_PROXY_LATENCY,
                 },
                 ..base
             },
@@ -581,12 +625,26 @@ impl ClusterConfig {
             ("LL128 NVLink", k.ll128.nvlink),
             ("LL128 NIC", k.ll128.nic),
             ("NIC message overhead", k.nic_message_overhead),
+            ("launch", k.launch_latency),
+            ("proxy", k.proxy_latency),
         ] {
             if !(l.is_finite() && l >= 0.0) {
                 return Err(bad(format!(
                     "{name} latency must be non-negative and finite"
                 )));
             }
+        }
+        if k.launches_per_thread == 0 {
+            return Err(bad("launches per thread must be at least 1"));
+        }
+        // The last rank's launch must come before the watchdog's deadline.
+        let last_launch =
+            k.launch_latency * f64::from(k.launches_per_thread.min(self.gpus_per_node));
+        if last_launch >= self.deadline {
+            return Err(bad(format!(
+                "the last rank's launch ({last_launch} s) must come before the deadline ({} s)",
+                self.deadline
+            )));
         }
         if self.payload && self.protocol != Protocol::Simple {
             return Err(bad(format!(

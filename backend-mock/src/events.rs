@@ -96,6 +96,8 @@ pub(crate) enum Ev {
     QpTimer { qp: u32, rnr: bool },
     /// A tree call's event (the slab entry `id` of the tree's messages).
     Tree { id: u32 },
+    /// `rank`'s kernel of run `epoch` starts (after its launch latency).
+    Launch { rank: u32, epoch: u32 },
 }
 
 impl Ev {
@@ -142,6 +144,7 @@ impl Ev {
             Ev::Packet { frame } => (10, u64::from(frame), 0),
             Ev::QpTimer { qp, rnr } => (11, u64::from(qp), u64::from(rnr)),
             Ev::Tree { id } => (12, u64::from(id), 0),
+            Ev::Launch { rank, epoch } => (13, u64::from(rank), u64::from(epoch)),
         }
     }
 }
@@ -210,6 +213,10 @@ impl Packed {
             9 => Ev::PortTx { port: lo },
             10 => Ev::Packet { frame: lo },
             12 => Ev::Tree { id: lo },
+            13 => Ev::Launch {
+                rank: lo,
+                epoch: b32,
+            },
             _ => Ev::QpTimer {
                 qp: lo,
                 rnr: b != 0,

@@ -368,6 +368,9 @@ impl Sim {
             return;
         }
         let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
+        if self.run.before_launch(rank, self.events.now()) {
+            return;
+        }
         loop {
             match self.lanes.engines[rank as usize].poll() {
                 Ok(Some((ch, Action::Exec(e)))) => {
@@ -419,6 +422,10 @@ impl Sim {
             return;
         }
         let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
+        // Before its launch a rank's engine holds what arrived and waits.
+        if self.run.before_launch(rank, now) {
+            return;
+        }
         let engine = &mut lanes.engines[rank as usize];
         while let Some((at, head)) = lane.credits.front() {
             if at > now {

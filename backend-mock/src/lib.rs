@@ -116,7 +116,7 @@ use std::io::{self, Write};
 
 pub use config::{
     Calibration, ClusterConfig, GpuModel, HopLatency, LinkModel, Preset, RnicModel, MAX_BANDWIDTH,
-    MAX_RANKS, MIN_BANDWIDTH,
+    MAX_RANKS, MIN_BANDWIDTH, PRESET_LAUNCH_LATENCY, PRESET_PROXY_LATENCY,
 };
 pub use error::Error;
 pub use fabric::LinkKind;

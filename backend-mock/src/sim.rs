@@ -63,6 +63,20 @@ pub(crate) struct RunCtx {
     pub active: bool,
     pub finished: usize,
     pub aborts_in_flight: u64,
+    /// Some rank's call starts later than it is issued (a launch latency):
+    /// each rank's engine is driven from its `launch_at` on.
+    pub staggered: bool,
+    /// When each rank's kernel starts (staggered runs only).
+    pub launch_at: Vec<Ps>,
+}
+
+impl RunCtx {
+    /// Whether `rank`'s kernel has not started at `now`: its engine takes
+    /// what arrives (tails land in its FIFO) but does not act.
+    #[inline(always)]
+    pub fn before_launch(&self, rank: u32, now: Ps) -> bool {
+        self.staggered && self.launch_at.get(rank as usize).is_some_and(|&t| now < t)
+    }
 }
 
 pub(crate) struct Sim {
@@ -260,15 +274,18 @@ impl Sim {
         Ok((g, g.max_chunk_bytes()))
     }
 
-    /// The (NVLink, NIC) hop latencies of the run's protocol, seconds.
+    /// The (NVLink, NIC) hop latencies of the run's protocol, seconds (the
+    /// NIC's with the network proxy's per-message latency).
     pub fn protocol_latencies(&self) -> (f64, f64) {
         use ringcc_core::Protocol;
         let k = &self.cfg.calibration;
-        match self.cfg.protocol {
+        let (nvlink, nic) = match self.cfg.protocol {
             Protocol::Simple => (self.cfg.nvlink.latency, self.cfg.nic.latency),
             Protocol::Ll => (k.ll.nvlink, k.ll.nic),
             Protocol::Ll128 => (k.ll128.nvlink, k.ll128.nic),
-        }
+        };
+        // The network proxy handles every message between nodes.
+        (nvlink, nic + k.proxy_latency)
     }
 
     /// Switches the algorithm of later runs (Tree: AllReduce only; in
@@ -319,7 +336,9 @@ impl Sim {
             fab,
             cfg,
         };
-        if sim.cfg.protocol != ringcc_core::Protocol::Simple {
+        if sim.cfg.protocol != ringcc_core::Protocol::Simple
+            || sim.cfg.calibration.proxy_latency > 0.0
+        {
             sim.apply_protocol();
         }
         if sim.cfg.payload {
@@ -532,7 +551,31 @@ impl Sim {
                 epoch: self.run.epoch,
             },
         );
-        if tree {
+        let k = &self.cfg.calibration;
+        let launch = ps(k.launch_latency);
+        self.run.staggered = launch > 0;
+        if self.run.staggered {
+            // Each rank's kernel starts after its thread's launches up to
+            // and including its own; its engine acts from then on.
+            let per_thread = u64::from(k.launches_per_thread.max(1));
+            let gpus = u64::from(self.cfg.gpus_per_node.max(1));
+            self.run.launch_at = (0..u64::from(n))
+                .map(|r| {
+                    let nth = (r % gpus) % per_thread + 1;
+                    now.saturating_add(launch.saturating_mul(nth))
+                })
+                .collect();
+            for r in 0..n {
+                let at = self.run.launch_at[r as usize];
+                self.events.at(
+                    at,
+                    Ev::Launch {
+                        rank: r,
+                        epoch: self.run.epoch,
+                    },
+                );
+            }
+        } else if tree {
             for r in 0..n {
                 self.drive_tree(r);
             }
@@ -661,6 +704,22 @@ impl Sim {
                 self.drain_cq();
             }
             Ev::Tree { id } => self.on_tree(id),
+            Ev::Launch { rank, epoch } => self.on_launch(rank, epoch),
+        }
+    }
+
+    /// `rank`'s kernel starts (run `epoch`): its engine acts on what has
+    /// arrived so far, on every channel, as a call's beginning does.
+    fn on_launch(&mut self, rank: u32, epoch: u32) {
+        if epoch != self.run.epoch || !self.run.active {
+            return;
+        }
+        if self.algorithm == ringcc_core::Algorithm::Tree {
+            self.drive_tree(rank);
+        } else {
+            for c in 0..self.fab.channels {
+                self.drive_rank(self.fab.lane(c, rank));
+            }
         }
     }
 

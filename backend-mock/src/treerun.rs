@@ -187,6 +187,9 @@ impl Sim {
 
     /// Polls `rank`'s engine until it waits, carrying out its tree actions.
     pub(crate) fn drive_tree(&mut self, rank: u32) {
+        if self.run.before_launch(rank, self.events.now()) {
+            return;
+        }
         loop {
             let polled = self.lanes.engines[rank as usize].poll_tree();
             match polled {

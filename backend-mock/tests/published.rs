@@ -16,8 +16,10 @@
 //! busbw rows (NCCL runs Tree / NVLS there) are printed, never asserted.
 //!
 //! A table's shape comes from the table, not only from the preset:
-//! `gpus_per_node`, and optionally `nics_per_node` and `nic_gbits`
-//! (the NIC's line rate in Gb/s), override the preset's.
+//! `gpus_per_node`, and optionally `nics_per_node`, `nic_gbits` (the
+//! NIC's line rate in Gb/s) and `launches_per_thread` (nccl-tests' `-g`:
+//! GPUs one thread launches one after the other; 1 where not given),
+//! override the preset's.
 //!
 //! Run: `cargo test -p ringcc-mock --release --test published -- --nocapture`.
 
@@ -86,6 +88,9 @@ fn config(preset: Preset, t: &Value) -> ClusterConfig {
     }
     if let Some(g) = t["nic_gbits"].as_f64() {
         cfg.nic.bandwidth = g * 1e9 / 8.0;
+    }
+    if let Some(g) = t["launches_per_thread"].as_u64() {
+        cfg.calibration.launches_per_thread = g as u32;
     }
     cfg
 }

@@ -155,6 +155,19 @@ pub struct TopoArgs {
     /// Simulator: a NIC port's fixed time per message, µs [default: 0; EFA 1].
     #[arg(long)]
     pub nic_overhead_us: Option<f64>,
+    /// Simulator: what one kernel launch costs its thread, µs; a rank's
+    /// call starts this long after it is issued [default: 0; presets 4].
+    #[arg(long)]
+    pub launch_us: Option<f64>,
+    /// Simulator: GPUs one thread launches one after the other
+    /// (nccl-tests' `-g`): local rank l starts after (l mod N) + 1
+    /// launches [default: 1].
+    #[arg(long)]
+    pub launches_per_thread: Option<u32>,
+    /// Simulator: the network proxy's time per message between nodes, µs,
+    /// on top of the NIC hop latency [default: 0; presets 0].
+    #[arg(long)]
+    pub proxy_us: Option<f64>,
 }
 
 /// NCCL's chunk size.

@@ -81,6 +81,9 @@ pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
                 nic: us(t_args.ll128_nic_us, k.ll128.nic),
             },
             nic_message_overhead: us(t_args.nic_overhead_us, k.nic_message_overhead),
+            launch_latency: us(t_args.launch_us, k.launch_latency),
+            launches_per_thread: t_args.launches_per_thread.unwrap_or(k.launches_per_thread),
+            proxy_latency: us(t_args.proxy_us, k.proxy_latency),
         },
         ..base
     };
@@ -448,5 +451,42 @@ mod tests {
         }
         assert!(seen.contains(&Algorithm::Tree), "{seen:?}");
         assert!(seen.contains(&Algorithm::Ring), "{seen:?}");
+    }
+
+    /// The launch and proxy flags: none leaves the simulator's defaults
+    /// (no launch, no proxy), a preset sets its figures, a flag wins.
+    #[test]
+    fn launch_and_proxy_flags() {
+        let k = |flags: &[&str]| backend(flags).cfg.calibration;
+        let none = k(&["--nodes", "2"]);
+        assert_eq!(
+            (
+                none.launch_latency,
+                none.launches_per_thread,
+                none.proxy_latency
+            ),
+            (0.0, 1, 0.0)
+        );
+        let preset = k(&["--nodes", "2", "--preset", "dgx-h100"]);
+        assert_eq!(preset.launch_latency, ringcc_mock::PRESET_LAUNCH_LATENCY);
+        assert_eq!(preset.proxy_latency, ringcc_mock::PRESET_PROXY_LATENCY);
+        let set = k(&[
+            "--preset",
+            "dgx-h100",
+            "--launch-us",
+            "2.5",
+            "--launches-per-thread",
+            "8",
+            "--proxy-us",
+            "3",
+        ]);
+        assert!((set.launch_latency - 2.5e-6).abs() < 1e-15);
+        assert_eq!(set.launches_per_thread, 8);
+        assert!((set.proxy_latency - 3e-6).abs() < 1e-15);
+        let args = ["ringcc", "perf", "allreduce", "--launches-per-thread", "0"];
+        let Command::Perf(p) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not perf");
+        };
+        assert!(MockBackend::new(&p.topo).is_err());
     }
 }
