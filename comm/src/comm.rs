@@ -165,12 +165,19 @@ impl Communicator {
         let mut nodes: Vec<&str> = connected.peers.iter().map(|p| p.node.as_str()).collect();
         nodes.sort_unstable();
         nodes.dedup();
+        let protos = crate::proto::job_protocols(
+            connected
+                .peers
+                .iter()
+                .flat_map(|p| p.transports.keys().map(String::as_str)),
+            options.protos,
+        )?;
         let tuner = crate::proto::host_tuner(
             world,
             u32::try_from(nodes.len()).unwrap_or(u32::MAX),
             options.channels,
             options.algos,
-            options.protos,
+            protos,
         )?;
         let drive = DriveConfig {
             geometry: options.geometry,

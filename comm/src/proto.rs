@@ -56,6 +56,41 @@ const HOST_SHM_GBPS: f64 = 10.0;
 /// busbw at 1 MiB).
 const HOST_NET_GBPS: f64 = 2.0;
 
+/// The transports whose ends carry LL and LL128 calls: shared memory
+/// (line slots) and TCP (framed, in the protocol's smaller slices). Verbs
+/// and CUDA IPC ends take the connection's FIFO geometry once, at
+/// connect, and count steps by it; a call whose protocol changes the
+/// slice geometry would put their counters out of step with the engine's
+/// (the receiver then sees a call header where none is expected).
+pub const LINE_TRANSPORTS: [&str; 2] = ["shm", "tcp"];
+
+/// The protocols a job may run: `protos`, or Simple alone when any rank
+/// offers a transport outside [`LINE_TRANSPORTS`] (every rank sees the
+/// same peers, so every rank decides alike). A list that keeps nothing is
+/// a [`Error::BadConfig`] naming the transports.
+pub fn job_protocols<'a>(
+    offered: impl IntoIterator<Item = &'a str>,
+    protos: ProtoSet,
+) -> Result<ProtoSet> {
+    let mut others: Vec<&str> = offered
+        .into_iter()
+        .filter(|t| !LINE_TRANSPORTS.contains(t))
+        .collect();
+    if others.is_empty() {
+        return Ok(protos);
+    }
+    if protos.contains(Protocol::Simple) {
+        return Ok(ProtoSet::only(Protocol::Simple));
+    }
+    others.sort_unstable();
+    others.dedup();
+    Err(Error::BadConfig(format!(
+        "RINGCC_PROTO leaves only LL / LL128, which this job's transports cannot carry: \
+         its ranks offer {} (shared memory and TCP carry every protocol; the others Simple)",
+        others.join(", ")
+    )))
+}
+
 /// The tuner of a communicator of `ranks` ranks over `nodes` nodes with
 /// `channels` channels, allowed `algos` × `protos`. The communicator runs
 /// rings only; LL and LL128 run on every transport (those without line
@@ -224,6 +259,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn verbs_or_cuda_ipc_in_the_job_keep_it_on_simple() {
+        assert_eq!(
+            job_protocols(["shm", "tcp"], ProtoSet::ALL).unwrap(),
+            ProtoSet::ALL
+        );
+        assert_eq!(
+            job_protocols(["shm", "verbs", "tcp"], ProtoSet::ALL).unwrap(),
+            ProtoSet::only(Protocol::Simple)
+        );
+        let e = job_protocols(["cuda-ipc"], parse_protos("LL").unwrap()).unwrap_err();
+        assert!(e.to_string().contains("cuda-ipc"), "{e}");
+        // Simple alone stays Simple; a job with no hop (one rank) keeps all.
+        assert_eq!(
+            job_protocols(["verbs"], ProtoSet::only(Protocol::Simple)).unwrap(),
+            ProtoSet::only(Protocol::Simple)
+        );
+        assert_eq!(job_protocols([], ProtoSet::ALL).unwrap(), ProtoSet::ALL);
     }
 
     #[test]
