@@ -246,11 +246,12 @@ impl Sim {
     /// moving whole slots approaches with small slots.
     ///
     /// NCCL runs the reduce-up and broadcast-down halves concurrently
-    /// (`runTreeSplit`, src/device/all_reduce.h); the core interleaves
-    /// them one chunk apart on one machine, so the core's chunk (the unit
-    /// of that interleave) is as many slices as the FIFO pipelines (7 of
-    /// 8 slots): with one-slice chunks each rank would wait a whole round
-    /// trip of the tree every two slices.
+    /// (`runTreeSplit`, src/device/all_reduce.h), and so does the core's
+    /// tree machine (one stream each, slice by slice). The core's chunk
+    /// stays as many slices as the FIFO pipelines (7 of 8 slots): it was
+    /// the unit of the earlier one-machine interleave, where one-slice
+    /// chunks made each rank wait a whole round trip of the tree every two
+    /// slices; with the split streams it only groups the steps.
     pub fn tree_geometry(
         &self,
         bytes: u64,

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use ringcc_core::fifo::STEPS;
 use ringcc_core::prim::{tree_slice_result, TreeAction, TreeConn, TreeExec, TREE_CONNS};
 use ringcc_core::progress::Event;
-use ringcc_core::tree::{TreeOrder, UniformTree};
+use ringcc_core::tree::{TreeDir, TreeOrder, UniformTree};
 use ringcc_core::{ChannelId, Primitive, Rank};
 
 use crate::error::Error;
@@ -48,6 +48,9 @@ pub(crate) struct TreeMsg {
     pub channel: u8,
     /// The connection the event arrives on (ignored for `ExecDone`).
     pub conn: TreeConn,
+    /// For `ExecDone`: the finished exec's direction (its stream: a
+    /// non-root rank runs its up and down streams concurrently).
+    pub dir: TreeDir,
     pub event: Event,
     /// Payload mode, on the slice's `Tail` event: the slice's bytes
     /// ([`TreeState::landing`]), else [`NONE`].
@@ -139,6 +142,19 @@ impl Sim {
         self.tree_at_with(at, rank, channel, conn, event, NONE);
     }
 
+    /// Schedules the end of `rank`'s exec going `dir` on `channel` at `at`.
+    fn tree_exec_done_at(&mut self, at: Ps, rank: u32, channel: u8, dir: TreeDir) {
+        let id = self.tree.msgs.insert(TreeMsg {
+            rank,
+            channel,
+            conn: TreeConn::Up,
+            dir,
+            event: Event::ExecDone,
+            data: NONE,
+        });
+        self.events.at(at, Ev::Tree { id });
+    }
+
     /// [`tree_at`](Sim::tree_at) carrying payload `data` (a
     /// [`TreeState::landing`] index, or [`NONE`]).
     fn tree_at_with(
@@ -154,6 +170,7 @@ impl Sim {
             rank,
             channel,
             conn,
+            dir: TreeDir::Turn,
             event,
             data,
         });
@@ -177,7 +194,11 @@ impl Sim {
         }
         let now = self.events.now();
         let engine = &mut self.lanes.engines[m.rank as usize];
-        if let Err(e) = engine.handle_tree(now, ChannelId(m.channel), m.conn, m.event) {
+        let handled = match m.event {
+            Event::ExecDone => engine.handle_tree_exec_done(now, ChannelId(m.channel), m.dir),
+            ev => engine.handle_tree(now, ChannelId(m.channel), m.conn, ev),
+        };
+        if let Err(e) = handled {
             let err = self.engine_error(m.rank, e);
             self.fail_lane(l, err);
             return;
@@ -244,6 +265,9 @@ impl Sim {
 
     /// Carries out one tree slice on `rank`'s GPU: its time, then its
     /// sends, each peer told (header, then tail) when the slice arrives.
+    /// A non-root rank's up and down streams each have their own exec
+    /// (NCCL's split tree gives each its own group of threads), so two
+    /// may run at once; a link still carries one transfer at a time.
     fn start_tree_exec(&mut self, rank: u32, c: ChannelId, e: &TreeExec) -> Result<(), Error> {
         let now = self.events.now();
         let elem = self.run.elem[rank as usize];
@@ -300,7 +324,7 @@ impl Sim {
             };
             arrivals[conn.index()] = Some((peer, back, arrive));
         }
-        self.tree_at(done, rank, c.0, TreeConn::Up, Event::ExecDone);
+        self.tree_exec_done_at(done, rank, c.0, e.dir);
         for (conn, _) in e.send_conns() {
             if let Some((peer, back, at)) = arrivals[conn.index()] {
                 for ev in e.peer_events(conn) {

@@ -105,7 +105,7 @@ fn tuning(
     let choice = tuner.choose(collective, bytes).map_err(CliError::core)?;
     let _ = writeln!(
         w,
-        "\nTuner ({} B; NCCL-style model, src/graph/tuning.cc constants; the simulator runs Ring with every protocol, Tree with LL and LL128 unless --algo names it):",
+        "\nTuner ({} B; NCCL-style model, src/graph/tuning.cc constants; the simulator runs Ring and Tree with every protocol):",
         bytes
     );
     let _ = writeln!(

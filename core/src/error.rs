@@ -88,6 +88,9 @@ pub enum Error {
     PlanMismatch,
     /// `handle_exec_done` without an outstanding `Exec`.
     NoExecPending,
+    /// `handle_exec_done` on a tree machine with both streams' execs
+    /// outstanding: the completion must say which (its direction).
+    AmbiguousExecDone,
     /// The state machine already failed or finished; it accepts nothing.
     Finished,
     /// A capacity (const generic or caller storage) is exhausted.
@@ -162,6 +165,9 @@ impl core::fmt::Display for Error {
             Error::Protocol(p) => write!(f, "slot protocol violation: {p}"),
             Error::PlanMismatch => f.write_str("the call does not match the plan"),
             Error::NoExecPending => f.write_str("exec completion reported with no exec outstanding"),
+            Error::AmbiguousExecDone => f.write_str(
+                "exec completion without its direction while both tree streams have an exec outstanding",
+            ),
             Error::Finished => f.write_str("the state machine has already finished or failed"),
             Error::Capacity => f.write_str("capacity exhausted"),
             Error::Wire(e) => write!(f, "wire format: {e}"),

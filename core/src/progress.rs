@@ -46,7 +46,7 @@ use crate::prim::{
     TreeLinks, TreeMachine, TREE_CONNS,
 };
 use crate::topology::RingOrder;
-use crate::tree::{TreeOrder, TreePlan};
+use crate::tree::{TreeDir, TreeOrder, TreePlan};
 use crate::ProtocolViolation;
 
 /// The most channels one engine drives (the plan's limit).
@@ -94,9 +94,11 @@ impl Polled for Action {
 }
 
 impl Polled for TreeAction {
+    /// Never: a non-root tree rank's other stream may still have an exec
+    /// to hand out, so the channel stays marked until a poll finds nothing.
     #[inline(always)]
     fn is_exec(&self) -> bool {
-        matches!(self, TreeAction::Exec(_))
+        false
     }
     #[inline(always)]
     fn is_done(&self) -> bool {
@@ -773,9 +775,17 @@ impl<
             .and_then(TreeChannel::machine)
     }
 
-    /// The outstanding tree exec of channel `c`, if one is.
+    /// The outstanding tree exec of channel `c`, if one is (the up
+    /// stream's first; see [`pending_tree_execs`](Engine::pending_tree_execs)).
     pub fn pending_tree(&self, c: ChannelId) -> Option<TreeExec> {
         self.tree_machine(c).and_then(TreeMachine::pending)
+    }
+
+    /// The outstanding tree execs of channel `c`: the up stream's (a
+    /// root's only stream) and the down stream's, which run concurrently.
+    pub fn pending_tree_execs(&self, c: ChannelId) -> [Option<TreeExec>; 2] {
+        self.tree_machine(c)
+            .map_or([None, None], TreeMachine::pending_execs)
     }
 
     /// Whether the running (or last) call is a tree call.
@@ -887,14 +897,40 @@ impl<
     /// Feeds channel `c`'s tree connection `conn` what its transport
     /// reported at time `now` ([`Event::Tail`] / [`Event::Header`] from
     /// the peer on `conn`, [`Event::Head`] its credit; `conn` is ignored
-    /// for [`Event::ExecDone`]). As with [`handle`](Engine::handle),
-    /// events may come between tree calls and are kept for the next one.
+    /// for [`Event::ExecDone`], which completes the channel's one
+    /// outstanding exec — with both of a non-root rank's streams running,
+    /// say which with [`handle_tree_exec_done`](Engine::handle_tree_exec_done)).
+    /// As with [`handle`](Engine::handle), events may come between tree
+    /// calls and are kept for the next one.
     pub fn handle_tree(
         &mut self,
         now: u64,
         c: ChannelId,
         conn: TreeConn,
         event: Event,
+    ) -> Result<(), EngineError> {
+        self.handle_tree_inner(now, c, conn, event, None)
+    }
+
+    /// Channel `c`'s outstanding tree exec going `dir` ([`TreeExec::dir`])
+    /// completed at time `now`: a non-root rank runs its up and down
+    /// streams concurrently, one exec each.
+    pub fn handle_tree_exec_done(
+        &mut self,
+        now: u64,
+        c: ChannelId,
+        dir: TreeDir,
+    ) -> Result<(), EngineError> {
+        self.handle_tree_inner(now, c, TreeConn::Up, Event::ExecDone, Some(dir))
+    }
+
+    fn handle_tree_inner(
+        &mut self,
+        now: u64,
+        c: ChannelId,
+        conn: TreeConn,
+        event: Event,
+        dir: Option<TreeDir>,
     ) -> Result<(), EngineError> {
         self.check()?;
         let next_seq = match self.call {
@@ -916,7 +952,11 @@ impl<
         };
         let r = match ch.machine.as_mut() {
             Some(m) => match event {
-                Event::ExecDone => m.handle_exec_done().map_err(|e| ("handle_exec_done", e)),
+                Event::ExecDone => match dir {
+                    Some(d) => m.handle_exec_done_dir(d),
+                    None => m.handle_exec_done(),
+                }
+                .map_err(|e| ("handle_exec_done", e)),
                 Event::Tail(t) => m.handle_tail(conn, t).map_err(|e| ("handle_tail", e)),
                 Event::Header { step, desc } => m
                     .handle_header(conn, step, desc)

@@ -36,6 +36,15 @@
 //! of one chunk is the most a FIFO that holds a single chunk allows: a rank
 //! two chunks ahead would wait for room in its parent's FIFO, which the
 //! parent frees only after its children consumed what it sent down.
+//!
+//! The [`TreeMachine`](crate::prim::TreeMachine) does not walk that one
+//! sequence, though: it [splits](TreeSteps::split) a non-root rank's steps
+//! into the up stream and the down stream and runs them concurrently, one
+//! exec outstanding each (NCCL's `runTreeSplit`, src/device/all_reduce.h),
+//! so a rank reduces up and broadcasts down at the same time. The two
+//! streams use disjoint connections (up: the children's in, the parent's
+//! out; down: the other way), so neither waits for the other; they meet
+//! only at the root, whose one stream turns each chunk around.
 
 use crate::error::Error;
 use crate::id::{ChannelId, NodeId, Rank};
@@ -464,6 +473,7 @@ impl TreePlan {
             ranks: self.plan.ranks(),
             next: 0,
             total,
+            only: None,
         })
     }
 }
@@ -487,9 +497,59 @@ pub struct TreeSteps {
     ranks: u32,
     next: u64,
     total: u64,
+    /// A one-direction stream (see [`TreeSteps::split`]).
+    only: Option<TreeDir>,
 }
 
 impl TreeSteps {
+    /// Splits a non-root rank's steps into its reduce-up stream and its
+    /// broadcast-down stream (NCCL's `runTreeSplit`, src/device/all_reduce.h:
+    /// one group of threads reduces up while the other broadcasts down), to
+    /// run concurrently: the up stream reads the children's connections and
+    /// writes the parent's, the down stream the other way round, so the two
+    /// never share a connection's counters. Each keeps the steps' indices
+    /// of the interleaved order. A root's (one) stream comes back whole,
+    /// with `None`. Steps already yielded are not yielded again.
+    pub fn split(self) -> (TreeSteps, Option<TreeSteps>) {
+        if self.role == Role::Root || self.only.is_some() {
+            return (self, None);
+        }
+        let done = self.next;
+        // Of the first `done` interleaved steps, how many went up / down.
+        // Up at step 0 and at the odd steps before the last.
+        let ups = if done == 0 {
+            0
+        } else {
+            (done / 2).saturating_add(1).min(self.chunks)
+        };
+        let downs = done.saturating_sub(ups);
+        let up = TreeSteps {
+            next: ups,
+            total: self.chunks,
+            only: Some(TreeDir::Up),
+            ..self.clone()
+        };
+        let down = TreeSteps {
+            next: downs,
+            total: self.chunks,
+            only: Some(TreeDir::Down),
+            ..self
+        };
+        (up, Some(down))
+    }
+
+    /// The interleaved index of chunk `k` going `dir` (a non-root rank).
+    fn index_of(&self, k: u64, dir: TreeDir) -> u64 {
+        match dir {
+            TreeDir::Up if k == 0 => 0,
+            TreeDir::Up => k.saturating_mul(2).saturating_sub(1),
+            _ if k.saturating_add(1) >= self.chunks => {
+                self.chunks.saturating_mul(2).saturating_sub(1)
+            }
+            _ => k.saturating_mul(2).saturating_add(2),
+        }
+    }
+
     /// Steps not yet yielded.
     pub fn remaining(&self) -> u64 {
         self.total.saturating_sub(self.next)
@@ -523,9 +583,13 @@ impl Iterator for TreeSteps {
             return None;
         }
         self.next = s.saturating_add(1);
-        let (chunk, dir) = match self.role {
-            Role::Root => (s, TreeDir::Turn),
-            _ => self.up_down(s),
+        let (chunk, dir, index) = match (self.role, self.only) {
+            (Role::Root, _) => (s, TreeDir::Turn, s),
+            (_, Some(d)) => (s, d, self.index_of(s, d)),
+            _ => {
+                let (k, d) = self.up_down(s);
+                (k, d, s)
+            }
         };
         let primitive = match (self.role, dir) {
             (Role::Root, _) if self.ranks == 1 => Primitive::COPY_ONLY,
@@ -543,7 +607,7 @@ impl Iterator for TreeSteps {
         Some(TreeStep {
             primitive,
             dir,
-            index: s,
+            index,
             chunk,
             offset,
             count,

@@ -25,7 +25,7 @@ use ringcc_core::prim::{
 };
 use ringcc_core::progress::{Channel, EngineError, Event, TreeChannel};
 use ringcc_core::rng::Rng;
-use ringcc_core::tree::{TreePeers, TreePlan, UniformTree};
+use ringcc_core::tree::{TreeDir, TreePeers, TreePlan, UniformTree};
 use ringcc_core::verify::{fill_expected, fill_input};
 use ringcc_core::{
     Blocked, Call, ChannelId, DataType, Engine, Error, InOrderRing, Primitive, Rank, ReduceOp,
@@ -54,6 +54,8 @@ type Key = (bool, u8, u32, u32);
 #[derive(Clone, Debug)]
 struct Work {
     tree: bool,
+    /// A tree exec's direction (its stream).
+    dir: TreeDir,
     primitive: Primitive,
     input_offset: u64,
     output_offset: u64,
@@ -67,6 +69,7 @@ impl Work {
         let peer = |conn| other_end(w.nodes, w.gpus, c, r, conn).0;
         Work {
             tree: true,
+            dir: e.dir,
             primitive: e.primitive,
             input_offset: e.input_offset,
             output_offset: e.output_offset,
@@ -86,6 +89,7 @@ impl Work {
         let (next, prev) = ((r + 1) % w.n, (r + w.n - 1) % w.n);
         Work {
             tree: false,
+            dir: TreeDir::Turn,
             primitive: e.primitive,
             input_offset: e.input_offset,
             output_offset: e.output_offset,
@@ -145,6 +149,8 @@ struct World {
     strict: bool,
     /// A ring exec just polled (carried past the action's conversion).
     ring_execs: Vec<Exec>,
+    /// How often a tree channel had both streams' execs outstanding.
+    concurrent: u64,
 }
 
 fn tree(nodes: u32, gpus: u32, c: ChannelId) -> UniformTree {
@@ -234,6 +240,7 @@ impl World {
             now: 0,
             strict: true,
             ring_execs: Vec::new(),
+            concurrent: 0,
         }
     }
 
@@ -324,7 +331,12 @@ impl World {
                     }
                     match a {
                         TreeAction::Exec(e) => {
-                            assert_eq!(self.ranks[r as usize].engine.pending_tree(c), Some(e));
+                            let both = self.ranks[r as usize].engine.pending_tree_execs(c);
+                            assert!(both.contains(&Some(e)), "the exec is outstanding");
+                            if both.iter().all(Option::is_some) {
+                                assert_ne!(both[0].map(|x| x.dir), both[1].map(|x| x.dir));
+                                self.concurrent += 1;
+                            }
                             let w = Work::of_tree(self, r, c, &e);
                             self.outstanding.push((r, c.0, call, w));
                         }
@@ -421,7 +433,14 @@ impl World {
         }
         let eng = &mut self.ranks[r as usize].engine;
         let done = if e.tree {
-            eng.handle_tree(self.now, ch, TreeConn::Up, Event::ExecDone)
+            // The plain `ExecDone` completes the one exec outstanding; with
+            // both streams' outstanding, the completion names its stream.
+            let [a, b] = eng.pending_tree_execs(ch);
+            if a.is_some() && b.is_some() {
+                eng.handle_tree_exec_done(self.now, ch, e.dir)
+            } else {
+                eng.handle_tree(self.now, ch, TreeConn::Up, Event::ExecDone)
+            }
         } else {
             eng.handle(self.now, ch, Event::ExecDone)
         };
@@ -660,6 +679,66 @@ proptest! {
         w.run();
         w.check();
     }
+}
+
+/// A non-root rank runs its reduce-up and broadcast-down streams at the
+/// same time (NCCL's `runTreeSplit`): with several chunks, the world sees
+/// channels with both streams' execs outstanding, completing in random
+/// order, and still gets the reference on 64 nodes x 8 ranks.
+#[test]
+fn both_streams_run_at_once() {
+    for (nodes, gpus, seed) in [(2, 8, 1u64), (64, 8, 2), (5, 3, 3)] {
+        let c = Case {
+            seed,
+            nodes,
+            gpus,
+            geometry: (16, 2),
+            calls: vec![(true, 2, 200, DataType::F32, ReduceOp::Sum, 3)],
+        };
+        let mut w = world(&c);
+        w.run();
+        w.check();
+        assert!(w.concurrent > 0, "{nodes}x{gpus}: never two execs at once");
+    }
+}
+
+/// A plain `ExecDone` while both streams have an exec outstanding is
+/// ambiguous: a typed error, not a guess.
+#[test]
+fn an_exec_done_without_its_stream_is_refused_when_both_run() {
+    let c = Case {
+        seed: 9,
+        nodes: 2,
+        gpus: 4,
+        geometry: (16, 2),
+        calls: vec![(true, 1, 200, DataType::F32, ReduceOp::Sum, 3)],
+    };
+    let mut w = world(&c);
+    for _ in 0..2_000_000 {
+        let hit = (0..w.n).find(|&r| {
+            let [a, b] = w.ranks[r as usize].engine.pending_tree_execs(ChannelId(0));
+            a.is_some() && b.is_some()
+        });
+        if let Some(r) = hit {
+            let eng = &mut w.ranks[r as usize].engine;
+            let e = eng
+                .handle_tree(0, ChannelId(0), TreeConn::Up, Event::ExecDone)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    EngineError::Machine {
+                        source: Error::AmbiguousExecDone,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            return;
+        }
+        assert!(w.step(), "finished without two execs at once");
+    }
+    panic!("never two execs at once");
 }
 
 /// A rank whose call differs (another count) makes a neighbour fail with

@@ -210,6 +210,49 @@ proptest! {
         }
         prop_assert_eq!(covered, count);
     }
+
+    /// `TreeSteps::split` (the concurrent streams of a non-root rank): the
+    /// up stream is the interleaved order's up steps and the down stream
+    /// its down steps, each in chunk order with the interleaved indices,
+    /// also when split after `walked` steps; a root's one stream is whole.
+    #[test]
+    fn split_streams_are_the_interleaved_steps_by_direction(
+        count in 0..5000u64, chunk in 1..64u64, nodes in 1..=9u32, gpus in 1..=4u32, walked in 0..8usize,
+    ) {
+        use ringcc_core::tree::TreeDir;
+        let n = nodes * gpus;
+        let plan = TreePlan::new(count, DataType::F32, n, 2, chunk * 4).unwrap();
+        for c in 0..2u8 {
+            let id = ChannelId(c);
+            let t = UniformTree::for_channel(nodes, gpus, id);
+            for r in 0..n {
+                let p = t.peers(Rank(r)).unwrap();
+                let all: Vec<_> = plan.steps(id, p).unwrap().collect();
+                let mut steps = plan.steps(id, p).unwrap();
+                let skip = walked.min(all.len());
+                for _ in 0..skip {
+                    steps.next();
+                }
+                let (a, b) = steps.split();
+                let rest = &all[skip..];
+                match b {
+                    None => {
+                        prop_assert!(p.is_root());
+                        prop_assert_eq!(a.collect::<Vec<_>>(), rest.to_vec());
+                    }
+                    Some(b) => {
+                        prop_assert!(!p.is_root());
+                        let up: Vec<_> = rest.iter().copied().filter(|s| s.dir == TreeDir::Up).collect();
+                        let down: Vec<_> = rest.iter().copied().filter(|s| s.dir == TreeDir::Down).collect();
+                        prop_assert_eq!(a.remaining(), up.len() as u64);
+                        prop_assert_eq!(b.remaining(), down.len() as u64);
+                        prop_assert_eq!(a.collect::<Vec<_>>(), up);
+                        prop_assert_eq!(b.collect::<Vec<_>>(), down);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Tree edges inside a node are NVLink hops; across nodes they use the

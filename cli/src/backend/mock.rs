@@ -103,9 +103,7 @@ pub fn tuner(t: &TopoArgs, cfg: &ClusterConfig) -> Result<Tuner, CliError> {
     };
     if let Some((src, v)) = from(&t.algo, "RINGCC_ALGO") {
         tuner.algos = AlgoSet::parse(&v).map_err(|e| CliError::usage(format!("{src} {v}: {e}")))?;
-        // Named algorithms may run under any protocol the simulator has
-        // (Tree under Simple too, which the automatic choice leaves out:
-        // see `ClusterConfig::CAPABILITIES`).
+        // Named algorithms may run under any protocol the simulator has.
         tuner.caps = Capabilities::ALL;
         for a in Algorithm::ALL {
             if tuner.algos.contains(a) && !tuner.caps.has_algorithm(a) {

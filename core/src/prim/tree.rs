@@ -206,10 +206,54 @@ const fn bit(i: usize) -> u8 {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    Idle,
-    Busy,
+    Running,
     Done,
     Failed,
+}
+
+/// One stream of steps: the up stream (or a root's one stream) or the
+/// down stream, each with at most one exec outstanding.
+#[derive(Clone, Debug)]
+struct Lane {
+    busy: bool,
+    has_current: bool,
+    slices: u64,
+    slice: u64,
+    current: TreeStep,
+    steps: Option<TreeSteps>,
+}
+
+impl Lane {
+    fn new(steps: Option<TreeSteps>) -> Lane {
+        Lane {
+            busy: false,
+            has_current: false,
+            slices: 0,
+            slice: 0,
+            current: TreeStep {
+                primitive: Primitive::empty(),
+                dir: TreeDir::Turn,
+                index: 0,
+                chunk: 0,
+                offset: 0,
+                count: 0,
+            },
+            steps,
+        }
+    }
+
+    /// Steps not yet started, or one under way.
+    fn has_work(&self) -> bool {
+        self.has_current || self.steps.as_ref().is_some_and(|s| s.remaining() > 0)
+    }
+}
+
+/// The lane of an exec going `dir`: 1 for down, 0 otherwise.
+const fn lane_of(dir: TreeDir) -> usize {
+    match dir {
+        TreeDir::Down => 1,
+        TreeDir::Up | TreeDir::Turn => 0,
+    }
 }
 
 /// One connection's counters and header state.
@@ -279,14 +323,11 @@ pub struct TreeMachine {
     /// Connections owed a credit return.
     credit_due: u8,
     phase: Phase,
-    has_current: bool,
+    /// The up stream (a root's only stream), then the down stream.
+    lanes: [Lane; 2],
     slots_per_slice: u32,
     elem: u32,
     slice_elems: u64,
-    slices: u64,
-    slice: u64,
-    current: TreeStep,
-    steps: TreeSteps,
     call: CallDesc,
     failure: Option<Error>,
 }
@@ -309,26 +350,16 @@ impl TreeMachine {
         for (c, l) in conns.iter_mut().zip(links.iter()) {
             *c = Conn::new(l);
         }
+        let (up, down) = steps.split();
         let mut m = TreeMachine {
             conns,
             present: present & bit(TREE_CONNS).wrapping_sub(1),
             credit_due: 0,
-            phase: Phase::Idle,
-            has_current: false,
+            phase: Phase::Running,
+            lanes: [Lane::new(Some(up)), Lane::new(down)],
             slots_per_slice,
             elem: u32::from(call.dtype.size()),
             slice_elems,
-            slices: 0,
-            slice: 0,
-            current: TreeStep {
-                primitive: Primitive::empty(),
-                dir: TreeDir::Turn,
-                index: 0,
-                chunk: 0,
-                offset: 0,
-                count: 0,
-            },
-            steps,
             call,
             failure: None,
         };
@@ -370,9 +401,26 @@ impl TreeMachine {
         self.failure
     }
 
-    /// The outstanding exec, if any.
+    /// The outstanding exec, if any (the up stream's first when both
+    /// streams have one; see [`pending_execs`](TreeMachine::pending_execs)).
     pub fn pending(&self) -> Option<TreeExec> {
-        (self.phase == Phase::Busy).then(|| self.exec())
+        let [a, b] = self.pending_execs();
+        a.or(b)
+    }
+
+    /// The outstanding execs: the up stream's (a root's only stream) and
+    /// the down stream's. A non-root rank runs its two streams
+    /// concurrently, each with at most one exec outstanding.
+    pub fn pending_execs(&self) -> [Option<TreeExec>; 2] {
+        let busy = |l: usize| {
+            (self.phase == Phase::Running && self.lanes.get(l).is_some_and(|x| x.busy))
+                .then(|| self.exec(l))
+        };
+        [busy(0), busy(1)]
+    }
+
+    fn lane(&self, l: usize) -> Option<&Lane> {
+        self.lanes.get(l)
     }
 
     fn conn(&self, i: usize) -> Conn {
@@ -382,12 +430,16 @@ impl TreeMachine {
             .unwrap_or(Conn::new(&LinkState::default()))
     }
 
-    /// Connections the current step reads (`recv`) and writes (`send`).
-    fn masks(&self) -> (u8, u8) {
-        let p = self.current.primitive;
+    /// Connections lane `l`'s current step reads (`recv`) and writes
+    /// (`send`).
+    fn masks(&self, l: usize) -> (u8, u8) {
+        let Some(lane) = self.lane(l) else {
+            return (0, 0);
+        };
+        let p = lane.current.primitive;
         let downs = self.present & !1;
         let up = self.present & 1;
-        let (r, s) = match self.current.dir {
+        let (r, s) = match lane.current.dir {
             TreeDir::Up => (downs, up),
             TreeDir::Turn => (downs, downs),
             TreeDir::Down => (up, downs),
@@ -407,23 +459,42 @@ impl TreeMachine {
         match self.phase {
             Phase::Failed => return none(Blocked::Failed),
             Phase::Done => return none(Blocked::Done),
-            Phase::Busy => return none(Blocked::Exec),
-            Phase::Idle => {}
+            Phase::Running => {}
         }
         if self.credit_due != 0 {
             return none(Blocked::Ready);
         }
         let sps = u64::from(self.slots_per_slice);
-        if !self.has_current {
-            if self.steps.remaining() > 0 {
-                return none(Blocked::Ready);
+        let mut busy = false;
+        for (l, lane) in self.lanes.iter().enumerate() {
+            if lane.busy {
+                busy = true;
+                continue;
+            }
+            if !lane.has_current {
+                if lane.has_work() {
+                    return none(Blocked::Ready);
+                }
+                continue;
+            }
+            let (r, s) = self.masks(l);
+            for (i, c) in self.conns.iter().enumerate() {
+                if r & bit(i) != 0 && !can_recv(c.recv_tail, c.recv_next, sps) {
+                    return TreeBlocked {
+                        blocked: Blocked::Data {
+                            tail: c.recv_tail,
+                            need: c.recv_next.saturating_add(sps),
+                        },
+                        conn: TreeConn::from_index(i),
+                    };
+                }
             }
             for (i, c) in self.conns.iter().enumerate() {
-                if self.present & bit(i) != 0 && c.send_head < c.send_next {
+                if s & bit(i) != 0 && !can_send(c.send_head, c.send_next, sps) {
                     return TreeBlocked {
                         blocked: Blocked::Credit {
                             head: c.send_head,
-                            need: c.send_next,
+                            need: c.send_next.saturating_add(sps).saturating_sub(STEPS),
                         },
                         conn: TreeConn::from_index(i),
                     };
@@ -431,24 +502,15 @@ impl TreeMachine {
             }
             return none(Blocked::Ready);
         }
-        let (r, s) = self.masks();
-        for (i, c) in self.conns.iter().enumerate() {
-            if r & bit(i) != 0 && !can_recv(c.recv_tail, c.recv_next, sps) {
-                return TreeBlocked {
-                    blocked: Blocked::Data {
-                        tail: c.recv_tail,
-                        need: c.recv_next.saturating_add(sps),
-                    },
-                    conn: TreeConn::from_index(i),
-                };
-            }
+        if busy {
+            return none(Blocked::Exec);
         }
         for (i, c) in self.conns.iter().enumerate() {
-            if s & bit(i) != 0 && !can_send(c.send_head, c.send_next, sps) {
+            if self.present & bit(i) != 0 && c.send_head < c.send_next {
                 return TreeBlocked {
                     blocked: Blocked::Credit {
                         head: c.send_head,
-                        need: c.send_next.saturating_add(sps).saturating_sub(STEPS),
+                        need: c.send_next,
                     },
                     conn: TreeConn::from_index(i),
                 };
@@ -554,8 +616,9 @@ impl TreeMachine {
                 Ok(())
             };
         }
-        let (_, s) = self.masks();
-        let in_flight = self.phase == Phase::Busy && s & bit(i) != 0;
+        let in_flight = self.phase == Phase::Running
+            && (0..self.lanes.len())
+                .any(|l| self.lane(l).is_some_and(|x| x.busy) && self.masks(l).1 & bit(i) != 0);
         let limit = if in_flight {
             c.send_next.saturating_add(u64::from(self.slots_per_slice))
         } else {
@@ -570,15 +633,39 @@ impl TreeMachine {
         Ok(())
     }
 
-    /// The outstanding exec is complete.
+    /// The outstanding exec is complete: the only one outstanding (with
+    /// both streams' execs outstanding, which one is ambiguous: use
+    /// [`handle_exec_done_dir`](TreeMachine::handle_exec_done_dir)).
     pub fn handle_exec_done(&mut self) -> Result<(), Error> {
         if self.phase == Phase::Failed {
             return Err(Error::Finished);
         }
-        if self.phase != Phase::Busy {
+        let [a, b] = &self.lanes;
+        match (a.busy, b.busy) {
+            (true, false) => self.finish_exec(0),
+            (false, true) => self.finish_exec(1),
+            (true, true) => Err(self.fail(Error::AmbiguousExecDone)),
+            (false, false) => Err(Error::NoExecPending),
+        }
+    }
+
+    /// The outstanding exec going `dir` ([`TreeExec::dir`]) is complete.
+    pub fn handle_exec_done_dir(&mut self, dir: TreeDir) -> Result<(), Error> {
+        if self.phase == Phase::Failed {
+            return Err(Error::Finished);
+        }
+        let l = lane_of(dir);
+        if !self.lane(l).is_some_and(|x| x.busy && x.current.dir == dir) {
             return Err(Error::NoExecPending);
         }
-        let (r, s) = self.masks();
+        self.finish_exec(l)
+    }
+
+    fn finish_exec(&mut self, l: usize) -> Result<(), Error> {
+        if self.phase != Phase::Running {
+            return Err(Error::NoExecPending);
+        }
+        let (r, s) = self.masks(l);
         let sps = u64::from(self.slots_per_slice);
         for (i, c) in self.conns.iter_mut().enumerate() {
             if r & bit(i) != 0 {
@@ -592,11 +679,13 @@ impl TreeMachine {
             }
         }
         self.credit_due |= r;
-        self.slice = self.slice.saturating_add(1);
-        if self.slice >= self.slices {
-            self.has_current = false;
+        if let Some(lane) = self.lanes.get_mut(l) {
+            lane.slice = lane.slice.saturating_add(1);
+            if lane.slice >= lane.slices {
+                lane.has_current = false;
+            }
+            lane.busy = false;
         }
-        self.phase = Phase::Idle;
         Ok(())
     }
 
@@ -606,14 +695,15 @@ impl TreeMachine {
         match self.phase {
             Phase::Failed => return Err(self.failure.unwrap_or(Error::Finished)),
             Phase::Done => return Ok(None),
-            Phase::Idle | Phase::Busy => {}
+            Phase::Running => {}
         }
         self.next_action().map_err(|e| self.fail(e))
     }
 
-    fn exec(&self) -> TreeExec {
-        let step = &self.current;
-        let (r, s) = self.masks();
+    fn exec(&self, l: usize) -> TreeExec {
+        let lane = self.lane(l).cloned().unwrap_or(Lane::new(None));
+        let step = &lane.current;
+        let (r, s) = self.masks(l);
         let sps = u64::from(self.slots_per_slice);
         let mut recv = [None; TREE_CONNS];
         let mut send = [None; TREE_CONNS];
@@ -639,14 +729,14 @@ impl TreeMachine {
                 }
             }
         }
-        let lo = self.slice.saturating_mul(self.slice_elems).min(step.count);
+        let lo = lane.slice.saturating_mul(self.slice_elems).min(step.count);
         let hi = lo.saturating_add(self.slice_elems).min(step.count);
         TreeExec {
             primitive: step.primitive,
             dir: step.dir,
             chunk: step.chunk,
             step_index: step.index,
-            slice: self.slice,
+            slice: lane.slice,
             input_offset: step.offset.saturating_add(lo),
             output_offset: step.offset.saturating_add(lo),
             count: hi.saturating_sub(lo),
@@ -667,35 +757,50 @@ impl TreeMachine {
                 head: self.conn(i).recv_next,
             }));
         }
-        if self.phase == Phase::Busy {
-            return Ok(None);
-        }
-        if !self.has_current {
-            match self.steps.next() {
-                Some(step) => {
-                    let elem = u64::from(self.elem);
-                    let bytes = step.count.saturating_mul(elem);
-                    let slice_bytes = self.slice_elems.saturating_mul(elem);
-                    self.slices = div_up(bytes, slice_bytes).max(1);
-                    self.slice = 0;
-                    self.current = step;
-                    self.has_current = true;
-                }
-                None => {
-                    let owed = self
-                        .conns
-                        .iter()
-                        .enumerate()
-                        .any(|(i, c)| self.present & bit(i) != 0 && c.send_head < c.send_next);
-                    if owed {
-                        return Ok(None);
-                    }
-                    self.phase = Phase::Done;
-                    return Ok(Some(TreeAction::Done));
-                }
+        for l in 0..self.lanes.len() {
+            if let Some(exec) = self.try_lane(l)? {
+                return Ok(Some(TreeAction::Exec(exec)));
             }
         }
-        let (r, s) = self.masks();
+        if self.lanes.iter().any(|x| x.busy || x.has_work()) {
+            return Ok(None);
+        }
+        let owed = self
+            .conns
+            .iter()
+            .enumerate()
+            .any(|(i, c)| self.present & bit(i) != 0 && c.send_head < c.send_next);
+        if owed {
+            return Ok(None);
+        }
+        self.phase = Phase::Done;
+        Ok(Some(TreeAction::Done))
+    }
+
+    /// Lane `l`'s next exec, if it is idle and its next slice can go.
+    fn try_lane(&mut self, l: usize) -> Result<Option<TreeExec>, Error> {
+        let elem = u64::from(self.elem);
+        let slice_elems = self.slice_elems;
+        let Some(lane) = self.lanes.get_mut(l) else {
+            return Ok(None);
+        };
+        if lane.busy {
+            return Ok(None);
+        }
+        if !lane.has_current {
+            match lane.steps.as_mut().and_then(Iterator::next) {
+                Some(step) => {
+                    let bytes = step.count.saturating_mul(elem);
+                    let slice_bytes = slice_elems.saturating_mul(elem);
+                    lane.slices = div_up(bytes, slice_bytes).max(1);
+                    lane.slice = 0;
+                    lane.current = step;
+                    lane.has_current = true;
+                }
+                None => return Ok(None),
+            }
+        }
+        let (r, s) = self.masks(l);
         let sps = u64::from(self.slots_per_slice);
         for (i, c) in self.conns.iter().enumerate() {
             if r & bit(i) != 0 && !can_recv(c.recv_tail, c.recv_next, sps) {
@@ -716,8 +821,10 @@ impl TreeMachine {
                 return Err(Error::Protocol(ProtocolViolation::UnexpectedHeader));
             }
         }
-        self.phase = Phase::Busy;
-        Ok(Some(TreeAction::Exec(self.exec())))
+        if let Some(lane) = self.lanes.get_mut(l) {
+            lane.busy = true;
+        }
+        Ok(Some(self.exec(l)))
     }
 }
 
