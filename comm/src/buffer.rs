@@ -89,6 +89,17 @@ impl<'a> Buffers<'a> {
         Some(())
     }
 
+    /// `len` output bytes from byte `off` of the output, to read.
+    pub(crate) fn output_ref(&self, off: usize, len: usize) -> Option<&[u8]> {
+        match self {
+            Buffers::Apart { output, .. } => output.get(off..off.checked_add(len)?),
+            Buffers::InPlace { buf, output, .. } => {
+                let at = output.checked_add(off)?;
+                buf.get(at..at.checked_add(len)?)
+            }
+        }
+    }
+
     fn output(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
         match self {
             Buffers::Apart { output, .. } => output.get_mut(off..off.checked_add(len)?),

@@ -22,7 +22,7 @@ use ringcc_core::{Call, ChannelId, Rank};
 use crate::abort::AbortState;
 use crate::buffer::Buffers;
 use crate::error::{Error, Result};
-use crate::exec::exec;
+use crate::exec::{exec, Payload};
 use crate::ring::RingOrderOf;
 use crate::transport::{Bell, RecvEnd, SendEnd};
 
@@ -228,7 +228,7 @@ impl Ring {
                             Some(l) => (Some(&*l.recv), Some(&mut *l.send)),
                             None => (None, None),
                         };
-                        let bytes = exec(
+                        let payload = exec(
                             c,
                             &e,
                             call,
@@ -249,7 +249,21 @@ impl Ring {
                                 }
                                 .to_bytes()
                             });
-                            l.send.post(seq, span, header.as_ref(), bytes)?;
+                            let header = header.as_ref();
+                            let data = match payload {
+                                Payload::Staged(bytes) => {
+                                    l.send.post(seq, span, header, bytes)?;
+                                    None
+                                }
+                                Payload::Input { at, len } => Some(bufs.input(at, len)),
+                                Payload::Output { at, len } => Some(bufs.output_ref(at, len)),
+                            };
+                            if let Some(data) = data {
+                                let data = data.ok_or_else(|| {
+                                    Error::Internal(format!("channel {c}: send beyond the buffers"))
+                                })?;
+                                l.send.post_from(seq, span, header, data, slot_bytes)?;
+                            }
                         }
                         let now = self.ticks();
                         self.engine

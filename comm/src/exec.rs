@@ -14,9 +14,26 @@ use crate::buffer::Buffers;
 use crate::error::{Error, Result};
 use crate::transport::{RecvEnd, SendEnd};
 
+/// Where the bytes of a slice's send are, for the caller to post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Payload {
+    /// Written into the send span's slots: post this many bytes.
+    Staged(usize),
+    /// `len` bytes from byte `at` of the input: post them from there.
+    Input { at: usize, len: usize },
+    /// `len` bytes from byte `at` of the output (just written by this
+    /// slice): post them from there.
+    Output { at: usize, len: usize },
+}
+
 /// Carries out `e` on channel `c` of `call` (among `ranks` ranks), with
-/// the channel's ends. Returns the bytes written into the send span (to
-/// be posted by the caller).
+/// the channel's ends. Returns where the slice's send bytes are (to be
+/// posted by the caller; `Staged(0)` when it sends nothing).
+///
+/// When the send end [prefers](SendEnd::prefers_post_from) it and the
+/// bytes to send lie in the caller's buffers anyway — a send of the
+/// input, or a send of what the slice also writes to the output — they
+/// are not copied into the send slots: the end sends them from there.
 #[expect(
     clippy::too_many_arguments,
     reason = "one slice's whole context; a struct would only rename it"
@@ -31,7 +48,7 @@ pub(crate) fn exec(
     recv: Option<&dyn RecvEnd>,
     mut send: Option<&mut (dyn SendEnd + 'static)>,
     scratch: &mut Vec<u8>,
-) -> Result<usize> {
+) -> Result<Payload> {
     let internal = |what: &str| Error::Internal(format!("channel {c}: {what}"));
     let es = call.elem();
     let bytes = usize::try_from(e.count)
@@ -50,6 +67,12 @@ pub(crate) fn exec(
         call: "slice_result",
         source,
     };
+    // A send of the input (no receive), or of what the slice writes to
+    // the output (COPY): from the buffers, when the end prefers it.
+    let direct = e.send.is_some()
+        && send.as_deref().is_some_and(|s| s.prefers_post_from())
+        && (!p.contains(Primitive::RECV) || p.contains(Primitive::COPY));
+    let send_span = if direct { None } else { e.send };
     let mut done = 0usize;
     let mut k = 0u64;
     while done < bytes {
@@ -59,7 +82,7 @@ pub(crate) fn exec(
             (Some(_), None) => return Err(internal("a receive without a predecessor")),
             (None, _) => None,
         };
-        if let Some(span) = e.send {
+        if let Some(span) = send_span {
             let local = if p.reads_input() {
                 Some(
                     bufs.input(input_at + done, len)
@@ -92,5 +115,16 @@ pub(crate) fn exec(
         done += len;
         k += 1;
     }
-    Ok(bytes)
+    Ok(match (e.send, direct) {
+        (None, _) => Payload::Staged(0),
+        (Some(_), false) => Payload::Staged(bytes),
+        (Some(_), true) if p.contains(Primitive::COPY) => Payload::Output {
+            at: output_at,
+            len: bytes,
+        },
+        (Some(_), true) => Payload::Input {
+            at: input_at,
+            len: bytes,
+        },
+    })
 }

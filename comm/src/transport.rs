@@ -93,6 +93,38 @@ pub trait SendEnd: Send {
         header: Option<&[u8; CALL_HEADER_LEN]>,
         bytes: usize,
     ) -> Result<()>;
+
+    /// Whether [`post_from`](SendEnd::post_from) saves a copy here: an
+    /// end whose slots are staging memory of its own (TCP) sends a slice
+    /// that lies in the caller's memory straight from there, and the
+    /// executor then leaves [`slot_mut`](SendEnd::slot_mut) alone for
+    /// it. An end whose slots are the successor's own (shared memory)
+    /// says `false` (the default): writing into them is the one copy.
+    fn prefers_post_from(&self) -> bool {
+        false
+    }
+
+    /// Publishes the slice `data` (the caller's memory: the bytes the
+    /// executor would have written into the span's slots, each slot
+    /// `slot_bytes` full but the last) as [`post`](SendEnd::post) does.
+    /// Nothing of `data` is referenced once this returns: what the end
+    /// cannot hand over at once, it copies. The default copies `data`
+    /// into the span's slots and posts them.
+    fn post_from(
+        &mut self,
+        seq: u64,
+        span: SlotSpan,
+        header: Option<&[u8; CALL_HEADER_LEN]>,
+        data: &[u8],
+        slot_bytes: usize,
+    ) -> Result<()> {
+        for (k, part) in data.chunks(slot_bytes.max(1)).enumerate() {
+            let step = span.step.saturating_add(k as u64);
+            self.slot_mut(ringcc_core::fifo::slot_of(step), part.len())?
+                .copy_from_slice(part);
+        }
+        self.post(seq, span, header, data.len())
+    }
 }
 
 /// Where an idle rank sleeps instead of napping: a word bumped (and the

@@ -619,3 +619,140 @@ proptest! {
         prop_assert_eq!(r, Reply::Accepted);
     }
 }
+
+// ---- the sending end: slices posted from the caller's memory -------------
+
+/// A sending end over a loopback connection whose other side is a raw
+/// stream, with socket buffers small enough that a slice of `slot`-byte
+/// slots does not go in one `sendmsg`.
+fn sender_and_raw(slot: u64) -> (super::send::TcpSendEnd, TcpStream) {
+    let l = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
+    // Inherited by the accepted socket: a small receive window.
+    rustix::net::sockopt::set_socket_recv_buffer_size(&l, 4096).unwrap();
+    let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (raw, _) = l.accept().unwrap();
+    rustix::net::sockopt::set_socket_send_buffer_size(&s, 4096).unwrap();
+    let peer = super::io::Peer {
+        rank: Rank(1),
+        channel: ChannelId(0),
+    };
+    let g = FifoGeometry::new(slot, 2).unwrap();
+    let end =
+        super::send::TcpSendEnd::start(s, peer, g, Duration::from_secs(5), BELL.clone()).unwrap();
+    (end, raw)
+}
+
+/// Reads `len` bytes from `raw`, polling `end` (which writes what it
+/// still holds) in between.
+fn read_while_polling(
+    raw: &mut TcpStream,
+    end: &mut super::send::TcpSendEnd,
+    len: usize,
+) -> Vec<u8> {
+    use ringcc_comm::transport::SendEnd;
+    raw.set_read_timeout(Some(Duration::from_millis(5)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while got.len() < len {
+        assert!(Instant::now() < deadline, "{} of {len} bytes", got.len());
+        assert_eq!(end.poll().unwrap(), None, "no credit was sent");
+        match raw.read(&mut buf) {
+            Ok(0) => panic!("the end closed the stream"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "{e}"
+            ),
+        }
+    }
+    got
+}
+
+/// Splits a stream of frames into (frame, payload) pairs.
+fn frames(mut b: &[u8]) -> Vec<(FrameRepr, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some((h, rest)) = b.split_first_chunk::<FRAME_LEN>() {
+        let f = FrameRepr::parse(h).unwrap();
+        let (payload, rest) = rest.split_at(f.length as usize);
+        out.push((f, payload.to_vec()));
+        b = rest;
+    }
+    assert!(b.is_empty(), "{} bytes after the last whole frame", b.len());
+    out
+}
+
+#[test]
+fn a_slice_posted_from_memory_arrives_whole_when_the_socket_takes_part() {
+    use ringcc_comm::transport::SendEnd;
+    use ringcc_core::prim::SlotSpan;
+    const BIG: u64 = 64 << 10;
+    let (mut end, mut raw) = sender_and_raw(BIG);
+    assert!(end.prefers_post_from());
+    let hdr = [0x11u8; CALL_HEADER_LEN];
+    let mut spans = Vec::new();
+    // Two spans: the socket takes part of the first straight from
+    // memory (the rest is copied); the second is posted while the first
+    // still waits in the end, so all of it is copied.
+    for (seq, step, len) in [(1u64, 0u64, 2 * BIG as usize - 100), (1, 2, 300)] {
+        let mut data: Vec<u8> = (0..len).map(|i| (i * 7 + step as usize) as u8).collect();
+        let span = SlotSpan { step, slots: 2 };
+        let header = (step == 0).then_some(&hdr);
+        end.post_from(seq, span, header, &data, BIG as usize)
+            .unwrap();
+        // The 4 KiB socket buffers took part of the first span at most.
+        assert!(end.queued() > 0, "span at {step}: the socket took it all");
+        spans.push((span, data.clone()));
+        // Nothing of `data` is referenced any more.
+        data.fill(0xEE);
+        drop(data);
+    }
+    let whole = |(_, d): &(SlotSpan, Vec<u8>)| 2 * FRAME_LEN + d.len();
+    let len = FRAME_LEN + CALL_HEADER_LEN + spans.iter().map(whole).sum::<usize>();
+    let got = frames(&read_while_polling(&mut raw, &mut end, len));
+    let mut want = vec![(
+        FrameRepr {
+            kind: Kind::CallHeader,
+            last: false,
+            length: CALL_HEADER_LEN as u32,
+            seq: 1,
+            step: 0,
+        },
+        hdr.to_vec(),
+    )];
+    for (span, data) in &spans {
+        let first = data.len().min(BIG as usize);
+        for (k, part) in [&data[..first], &data[first..]].into_iter().enumerate() {
+            want.push((
+                FrameRepr {
+                    kind: Kind::Data,
+                    last: k == 1,
+                    length: part.len() as u32,
+                    seq: 1,
+                    step: span.step + k as u64,
+                },
+                part.to_vec(),
+            ));
+        }
+    }
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.0, w.0, "frame {i}");
+        assert!(g.1 == w.1, "frame {i}: payload differs");
+    }
+    // A post from memory is checked as any post: out of order, refused.
+    let e = end
+        .post_from(
+            2,
+            SlotSpan { step: 9, slots: 1 },
+            None,
+            &[1, 2, 3],
+            BIG as usize,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Internal(_)), "{e:?}");
+}
