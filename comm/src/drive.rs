@@ -11,7 +11,7 @@
 //! idle turn.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::Action;
@@ -84,7 +84,7 @@ pub(crate) struct Ring {
     /// report; what a faster peer sends on it for a later call waits in
     /// the end until that call polls it.
     used: usize,
-    t0: Instant,
+    t0: u64,
     /// The clock's last reading ([`Ring::ticks`]): events take it rather
     /// than reading the clock each (a small call's whole time is a
     /// handful of events, and a clock read costs as much as one). Read
@@ -120,7 +120,7 @@ impl Ring {
             engine: Engine::new(rank, storage, timeout),
             used: links.len(),
             links,
-            t0: Instant::now(),
+            t0: crate::clock::coarse_nanos(),
             now: 0,
             scratch: Vec::new(),
             choices: crate::proto::ChoiceCache::default(),
@@ -146,10 +146,10 @@ impl Ring {
         self.links.clear();
     }
 
-    /// Reads the clock (nanoseconds since the ring was made) and keeps
-    /// the reading for the events that follow.
+    /// Reads the (coarse) clock — nanoseconds since the ring was made —
+    /// and keeps the reading for the events that follow.
     fn ticks(&mut self) -> u64 {
-        self.now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.now = crate::clock::coarse_nanos().saturating_sub(self.t0);
         self.now
     }
 

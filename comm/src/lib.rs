@@ -43,6 +43,7 @@
 mod abort;
 pub mod bell;
 mod buffer;
+mod clock;
 mod comm;
 mod connect;
 mod drive;

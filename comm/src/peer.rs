@@ -2,7 +2,7 @@
 //! IPC) need of the other end: a cheap look at whether its process still
 //! lives, and the call header its mailbox carries as the engine's event.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ringcc_core::progress::Event;
 use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr};
@@ -49,7 +49,8 @@ pub struct PeerProcess {
     /// The peer's process id, where it is in this PID namespace.
     pub pid: Option<u32>,
     idle: u32,
-    last_look: Instant,
+    /// When the process was last looked at (coarse clock, ns).
+    last_look: u64,
     /// A receiving end's last `tail` reported.
     tail_seen: u64,
     /// A receiving end's last mailbox sequence (header step + 1) reported.
@@ -73,7 +74,7 @@ impl PeerProcess {
             channel,
             pid,
             idle: 0,
-            last_look: Instant::now(),
+            last_look: crate::clock::coarse_nanos(),
             tail_seen: 0,
             header_seen: 0,
             head_seen: 0,
@@ -136,10 +137,11 @@ impl PeerProcess {
         if !self.idle.is_multiple_of(LIVENESS_POLLS) && self.idle > 1 {
             return Ok(());
         }
-        if self.last_look.elapsed() < LIVENESS_EVERY {
+        let now = crate::clock::coarse_nanos();
+        if Duration::from_nanos(now.saturating_sub(self.last_look)) < LIVENESS_EVERY {
             return Ok(());
         }
-        self.last_look = Instant::now();
+        self.last_look = now;
         self.check_now()
     }
 
@@ -204,7 +206,7 @@ mod tests {
         let child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         // Not waited for: a zombie once it has exited.
-        let t0 = Instant::now();
+        let t0 = std::time::Instant::now();
         while !process_gone(pid) {
             assert!(t0.elapsed() < Duration::from_secs(10), "never seen gone");
             std::thread::sleep(Duration::from_millis(5));
