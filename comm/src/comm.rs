@@ -186,6 +186,14 @@ impl Communicator {
             tuner,
             timeout: options.timeout,
             spin: options.spin,
+            hot: crate::drive::spin_hot(
+                connected
+                    .peers
+                    .iter()
+                    .filter(|p| p.node == options.node)
+                    .count(),
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
         };
         let ring = Ring::new(
             rank,

@@ -26,8 +26,24 @@ use crate::exec::{exec, Payload};
 use crate::ring::RingOrderOf;
 use crate::transport::{Bell, RecvEnd, SendEnd};
 
-/// Idle polls that only spin before a wait yields the core.
-const SPIN_HOT: u32 = 64;
+/// Idle polls that only spin before a wait yields the core, when every
+/// rank of the node has a core of its own.
+pub(crate) const SPIN_HOT: u32 = 64;
+
+/// The same when the node's ranks outnumber its cores: the rank it waits
+/// for may need this core, so it yields almost at once (8 B AllReduce, 4
+/// ranks on 2 cores: 29 µs with 64 polls, 14 µs with 4; 2 ranks: alike).
+pub(crate) const SPIN_HOT_SHARED: u32 = 4;
+
+/// How many idle polls spin before yielding, for a rank with `local`
+/// ranks on its node (itself included) and `cores` cores.
+pub(crate) fn spin_hot(local: usize, cores: usize) -> u32 {
+    if local > cores {
+        SPIN_HOT_SHARED
+    } else {
+        SPIN_HOT
+    }
+}
 
 /// The longest nap of an idle wait without a bell.
 const NAP: Duration = Duration::from_micros(50);
@@ -67,6 +83,8 @@ pub(crate) struct DriveConfig {
     pub(crate) timeout: Duration,
     /// Idle polls spent spinning and yielding before napping.
     pub(crate) spin: u32,
+    /// Idle polls of those that only spin ([`spin_hot`]).
+    pub(crate) hot: u32,
 }
 
 /// A connected rank: its engine over every channel and the channels'
@@ -293,7 +311,8 @@ impl Ring {
             // While spinning hot the clock (and the abort notice) is
             // looked at every 16th idle poll: a small call's whole time is
             // a few hundred polls of its peers' words.
-            if idle <= SPIN_HOT && !idle.is_multiple_of(16) {
+            let hot = self.config.hot;
+            if idle <= hot && !idle.is_multiple_of(16) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -302,7 +321,7 @@ impl Ring {
             }
             let now = self.ticks();
             self.engine.handle_timeout(now).map_err(Error::engine)?;
-            if idle <= SPIN_HOT {
+            if idle <= hot {
                 std::hint::spin_loop();
             } else if idle <= self.config.spin {
                 std::thread::yield_now();
@@ -358,5 +377,21 @@ impl Ring {
             }
         }
         Ok(news)
+    }
+}
+
+#[cfg(test)]
+mod spin_tests {
+    use super::*;
+
+    /// A node with more ranks than cores yields almost at once; one with a
+    /// core per rank spins first.
+    #[test]
+    fn ranks_beyond_the_cores_spin_less() {
+        assert_eq!(spin_hot(2, 2), SPIN_HOT);
+        assert_eq!(spin_hot(1, 8), SPIN_HOT);
+        assert_eq!(spin_hot(3, 2), SPIN_HOT_SHARED);
+        assert_eq!(spin_hot(8, 2), SPIN_HOT_SHARED);
+        assert!(SPIN_HOT_SHARED < SPIN_HOT);
     }
 }
