@@ -392,6 +392,6 @@ mod spin_tests {
         assert_eq!(spin_hot(1, 8), SPIN_HOT);
         assert_eq!(spin_hot(3, 2), SPIN_HOT_SHARED);
         assert_eq!(spin_hot(8, 2), SPIN_HOT_SHARED);
-        assert!(SPIN_HOT_SHARED < SPIN_HOT);
+        const { assert!(SPIN_HOT_SHARED < SPIN_HOT) };
     }
 }
