@@ -289,8 +289,9 @@ impl Ring {
                             .map_err(Error::engine)?;
                     }
                     Action::ReturnCredit { head } => {
+                        let more = self.engine.receives_ahead(c);
                         if let Some(l) = self.links.get_mut(usize::from(c.0)) {
-                            l.recv.post_head(head)?;
+                            l.recv.post_credit(head, more)?;
                         }
                     }
                     Action::Done => {}

@@ -59,6 +59,16 @@ pub trait RecvEnd: Send {
     /// Returns credit: every step below `head` is consumed and its slot
     /// may be written again.
     fn post_head(&mut self, head: u64) -> Result<()>;
+
+    /// [`post_head`](RecvEnd::post_head), told whether the call will
+    /// receive again on this end (`more`): then a later credit of the same
+    /// call covers this one, and an end that pays per credit message (TCP)
+    /// may hold it back until the window needs it; the call's last credit
+    /// (`more` false) goes at once. The default posts every credit.
+    fn post_credit(&mut self, head: u64, more: bool) -> Result<()> {
+        let _ = more;
+        self.post_head(head)
+    }
 }
 
 /// The sending end of a connection (our slices leave here).

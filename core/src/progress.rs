@@ -761,6 +761,20 @@ impl<
         }
     }
 
+    /// Whether channel `c`'s running call will receive again
+    /// ([`Machine::receives_ahead`]): asked after an
+    /// [`Action::ReturnCredit`], false means the credit is the call's last
+    /// on the channel. False for a channel not in the running call.
+    #[inline]
+    pub fn receives_ahead(&self, c: ChannelId) -> bool {
+        match self.channel(c) {
+            Some(ch) if self.open & bit(u32::from(c.0)) != 0 => {
+                ch.machine.as_ref().is_some_and(Machine::receives_ahead)
+            }
+            _ => false,
+        }
+    }
+
     /// The tree storage.
     pub fn tree_channels(&self) -> &[TreeChannel] {
         self.trees.as_ref()

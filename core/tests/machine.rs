@@ -383,3 +383,49 @@ fn primitive_names_are_nccls() {
         assert_eq!(p.to_string(), name);
     }
 }
+
+/// `receives_ahead` at each credit: true while the call will receive
+/// again, false at its last credit only (a transport that holds credit
+/// back while it is true never holds the call's last one).
+#[test]
+fn only_the_calls_last_credit_has_no_receives_ahead() {
+    for count in [0u64, 1, 64, 200, 1000] {
+        let mut m = machine_with(3, count, LinkState::default()).unwrap();
+        let mut tail = 0;
+        let mut header_given = false;
+        let mut credits = Vec::new();
+        let mut done = false;
+        for _ in 0..10_000 {
+            match m.poll_action().unwrap() {
+                Some(Action::Exec(e)) => {
+                    m.handle_exec_done().unwrap();
+                    if let Some(s) = e.send {
+                        m.handle_head(s.end()).unwrap();
+                    }
+                }
+                Some(Action::ReturnCredit { head }) => credits.push((head, m.receives_ahead())),
+                Some(Action::Done) => {
+                    done = true;
+                    break;
+                }
+                None => {
+                    if !header_given {
+                        m.handle_header(0, call(3, count)).unwrap();
+                        header_given = true;
+                    }
+                    tail += 1;
+                    m.handle_tail(tail).unwrap();
+                }
+            }
+        }
+        assert!(done, "count {count}");
+        let (last, ahead) = credits.pop().expect("rank 1 receives");
+        assert!(!ahead, "count {count}: the last credit ({last})");
+        assert_eq!(last, m.link().recv_next);
+        assert!(
+            credits.iter().all(|&(_, ahead)| ahead),
+            "count {count}: {credits:?}"
+        );
+        assert!(!m.receives_ahead());
+    }
+}

@@ -197,6 +197,30 @@ proptest! {
         }
     }
 
+    /// A rank that receives at all receives at its last step: so after
+    /// any receiving step with steps left, another receive comes, and the
+    /// credit now due is covered by a later one of the same call (what
+    /// `Machine::receives_ahead` promises a transport that holds credit
+    /// back).
+    #[test]
+    fn a_rank_that_receives_receives_last(c in case()) {
+        let t = topo(&c);
+        let p = plan(&c);
+        let n = p.ranks();
+        for ch in 0..c.channels {
+            let ring = t.ring(ChannelId(ch as u8)).unwrap();
+            let ranks: Vec<u32> = if n > 64 { vec![0, 1, n / 2, n - 1] } else { (0..n).collect() };
+            for r in ranks {
+                let steps: Vec<Step> = p.steps(ChannelId(ch as u8), Rank(r), ring).unwrap().collect();
+                let receives = steps.iter().any(|s| s.primitive.contains(Primitive::RECV));
+                if let (true, Some(last)) = (receives, steps.last()) {
+                    prop_assert!(last.primitive.contains(Primitive::RECV),
+                        "rank {} channel {}: last step {:?}", r, ch, last.primitive);
+                }
+            }
+        }
+    }
+
     /// What rank r sends as its k-th message, next(r) receives as its k-th:
     /// same chunk, same region, same length — and for the ring collectives
     /// at the next step of the same loop.

@@ -62,6 +62,9 @@ pub(super) struct TcpRecvEnd {
     credit_at: usize,
     /// A newer head to send (once the frame being written is out).
     credit_due: Option<u64>,
+    /// The due credit may wait for the next: the call receives again
+    /// (`post_credit`'s `more`).
+    credit_held: bool,
     /// The head of the last credit frame begun.
     credit_sent: u64,
     /// Since when credit waits for room in the socket.
@@ -107,6 +110,7 @@ impl TcpRecvEnd {
             credit: [0; FRAME_LEN],
             credit_at: FRAME_LEN,
             credit_due: None,
+            credit_held: false,
             credit_sent: 0,
             stuck_since: None,
             broken: None,
@@ -309,7 +313,7 @@ impl RecvEnd for TcpRecvEnd {
         match self.pump() {
             Ok((m, drained)) => {
                 moved |= m;
-                if drained && self.credit_due.is_some() {
+                if drained && self.credit_due.is_some() && !self.credit_held {
                     moved |= self.flush_credit()?;
                 }
             }
@@ -376,6 +380,15 @@ impl RecvEnd for TcpRecvEnd {
     /// stream paused or once half the window waits for it — so that a
     /// burst of slices is credited by one frame.
     fn post_head(&mut self, head: u64) -> Result<()> {
+        self.post_credit(head, false)
+    }
+
+    /// `post_head`; while the call receives again (`more`) the credit
+    /// waits for a later one even with nothing in flight — up to half
+    /// the window, which the sender may need — since that later credit
+    /// covers it: an 8 B AllReduce of 2 ranks sends one credit frame per
+    /// call instead of two.
+    fn post_credit(&mut self, head: u64, more: bool) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(e.duplicate());
         }
@@ -394,13 +407,15 @@ impl RecvEnd for TcpRecvEnd {
             return Ok(());
         }
         self.credit_due = Some(head);
+        self.credit_held = more;
         self.watch.busy();
         // While more of this call's slices are on their way (bytes past
         // `head` came), the credit may wait for the next `post_head` or
         // for a `poll` that finds the stream paused: the engine polls
         // until those slices are in. Else (this call's last credit, or the
         // sender waits for it) it goes now, as when half the window waits.
-        let more = self.inbound.tail() > head || self.inbound.mid_frame() || self.end > self.at;
+        let more =
+            more || self.inbound.tail() > head || self.inbound.mid_frame() || self.end > self.at;
         if !more || head - self.credit_sent >= STEPS / 2 {
             self.flush_credit()?;
         }

@@ -470,6 +470,19 @@ impl<M: RingOrder> Machine<M> {
         Blocked::Ready
     }
 
+    /// Whether the call has slices still to carry out (of the current
+    /// step or of steps to come). After a receiving slice this says that
+    /// the call will receive again — a rank that receives at all receives
+    /// at its last step (every ring plan's shape; `core/tests/plan_props`
+    /// checks it) — so the credit now due will be covered by a later one
+    /// of the same call (`head` counts steps), and a transport that pays
+    /// per credit message may hold it back until the window needs it.
+    /// False once the call's last credit is due.
+    #[inline]
+    pub fn receives_ahead(&self) -> bool {
+        self.has_current || self.steps.remaining() > 0
+    }
+
     /// Whether the machine waits for credit from its successor:
     /// [`blocked_on`](Machine::blocked_on) is [`Blocked::Credit`], without
     /// building the report (what a backend asks after every poll that
