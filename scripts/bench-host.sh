@@ -30,7 +30,10 @@
 # their "node": bound, each call waited out a 4 ms scheduler tick). MPICH
 # is compared on shared memory only.
 #
-# Fairness notes: both sides do one warm-up call per size; ringcc's time
+# Fairness notes: both sides do BENCH_WARMUP (5, nccl-tests' -w default)
+# untimed calls per size (one until 2026-12: over TCP the first calls of a
+# fresh connection run while the kernel grows its 16 KiB send buffer, and
+# ringcc's 1 MiB of FIFO in flight waited on that); ringcc's time
 # is its slowest rank's, MPI's rank 0's after a barrier; ringcc's perf runs
 # without its check (-c 0: correctness is the tests' job). The MPI program
 # prints microseconds with one decimal, so MPI's 8 B latencies are coarse.
@@ -47,6 +50,7 @@
 #
 # Environment: BENCH_BYTES (comma list, default
 # 8,65536,1048576,4194304,16777216,67108864,268435456), BENCH_ROUNDS (3),
+# BENCH_WARMUP (5),
 # BENCH_ITER_BYTES (268435456), BENCH_CHANNELS (ringcc --channels; default
 # its own). Installs openmpi-bin libopenmpi-dev mpich libmpich-dev when
 # missing (root, apt-get).
@@ -58,6 +62,7 @@ NPS=("$@")
 if [ "$MODE" = tcp ]; then NPS=(2); elif [ ${#NPS[@]} -eq 0 ]; then NPS=(2 4); fi
 BYTES=${BENCH_BYTES:-8,65536,1048576,4194304,16777216,67108864,268435456}
 ROUNDS=${BENCH_ROUNDS:-3}
+WARMUP=${BENCH_WARMUP:-5}
 ITER_BYTES=${BENCH_ITER_BYTES:-268435456}
 CH=${BENCH_CHANNELS:-}
 
@@ -94,18 +99,18 @@ trap cleanup EXIT
 iters() { local n=$(( ITER_BYTES / $1 )); (( n < 5 )) && n=5; (( n > 200 )) && n=200; echo $n; }
 # Each IMPL_MODE NP BYTES prints "bytes time_us busbw_GBps" (ringcc: its out-of-place columns).
 ringcc_shm() { local np=$1 b=$2; "$RINGCC" perf allreduce --backend host --np "$np" -b "$b" -e "$b" \
-    -n "$(iters "$b")" -w 1 -c 0 ${CH:+--channels "$CH"} | awk '!/^#/ && NF {print $1, $6, $8}'; }
+    -n "$(iters "$b")" -w "$WARMUP" -c 0 ${CH:+--channels "$CH"} | awk '!/^#/ && NF {print $1, $6, $8}'; }
 ringccsimple_shm() { RINGCC_PROTO=Simple ringcc_shm "$@"; }
 openmpi_shm() { mpirun.openmpi --allow-run-as-root --oversubscribe -np "$1" --mca btl self,vader \
-    "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'; }
-mpich_shm() { mpirun.mpich -np "$1" "$TARGET/mpi_allreduce.mpich" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'; }
+    "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$WARMUP" "$2" | awk '{print $1, $2, $4}'; }
+mpich_shm() { mpirun.mpich -np "$1" "$TARGET/mpi_allreduce.mpich" "$(iters "$2")" "$WARMUP" "$2" | awk '{print $1, $2, $4}'; }
 
 PORT=$(( 20000 + $$ % 20000 ))
 ringcc_tcp() { # two ranks, one per namespace, as a launcher starts them
   local b=$2 token=bench-$$-$RANDOM
   PORT=$(( PORT + 1 ))
   local common=(RINGCC_WORLD_SIZE=2 RINGCC_ADDR=10.77.0.1:$PORT RINGCC_TOKEN=$token)
-  local args=(perf allreduce --backend host -b "$b" -e "$b" -n "$(iters "$b")" -w 1 -c 0 ${CH:+--channels "$CH"})
+  local args=(perf allreduce --backend host -b "$b" -e "$b" -n "$(iters "$b")" -w "$WARMUP" -c 0 ${CH:+--channels "$CH"})
   ip netns exec "$NS_B" env "${common[@]}" RINGCC_RANK=1 RINGCC_NODE=b timeout 600 "$RINGCC" "${args[@]}" >/dev/null &
   local pid=$!
   ip netns exec "$NS_A" env "${common[@]}" RINGCC_RANK=0 RINGCC_NODE=a timeout 600 "$RINGCC" "${args[@]}" \
@@ -116,7 +121,7 @@ openmpi_tcp() {
   ip netns exec "$NS_A" timeout 600 mpirun.openmpi --allow-run-as-root -np 2 --bind-to none \
     --hostfile "$OUT/hosts" --mca plm_rsh_agent "$OUT/nsexec" \
     --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
-    "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$2" | awk '{print $1, $2, $4}'
+    "$TARGET/mpi_allreduce.openmpi" "$(iters "$2")" "$WARMUP" "$2" | awk '{print $1, $2, $4}'
 }
 
 if [ "$MODE" = tcp ]; then

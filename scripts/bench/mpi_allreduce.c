@@ -1,6 +1,7 @@
 /* MPI_Allreduce bandwidth, float sum, out of place: the peer that
  * scripts/bench-host.sh measures next to ringcc's shared-memory ranks.
- * Usage: mpi_allreduce ITERS BYTES [BYTES...]; rank 0 prints
+ * Usage: mpi_allreduce ITERS WARMUP BYTES [BYTES...] (WARMUP untimed calls
+ * per size first, as nccl-tests' -w); rank 0 prints
  * "bytes time_us algbw_GBps busbw_GBps" per size (nccl-tests' busbw). */
 #include <mpi.h>
 #include <stdio.h>
@@ -13,13 +14,15 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     int iters = argc > 1 ? atoi(argv[1]) : 10;
-    for (int a = 2; a < argc; a++) {
+    int warmup = argc > 2 ? atoi(argv[2]) : 1;
+    for (int a = 3; a < argc; a++) {
         size_t bytes = strtoull(argv[a], NULL, 10);
         size_t count = bytes / sizeof(float);
         float *in = malloc(count * sizeof(float) + 1), *out = malloc(count * sizeof(float) + 1);
         if (!in || !out) { fprintf(stderr, "out of memory\n"); MPI_Abort(MPI_COMM_WORLD, 1); }
         for (size_t i = 0; i < count; i++) in[i] = 1.0f;
-        MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* warm-up */
+        for (int k = 0; k < warmup; k++) /* untimed */
+            MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int k = 0; k < iters; k++)
