@@ -41,10 +41,10 @@
 # ranks oversubscribe a 2-CPU machine: OpenMPI yields (--oversubscribe),
 # MPICH spins, and its small-size times there are scheduler ticks.
 #
-# Protocols: ringcc chooses per call (LL up to 1 KiB, else Simple);
-# the `ringccsimple` column is the same ringcc forced to Simple
-# (RINGCC_PROTO=Simple), so its xringccsimple ratio at 8 B is LL's gain
-# over Simple in the same run. BENCH_IMPLS (space-separated, ringcc
+# Protocols: ringcc's host tuner chooses per call (Simple on shared
+# memory and TCP: LL measured no faster on a CPU); the `ringccsimple`
+# column is ringcc forced to Simple (RINGCC_PROTO=Simple) — the same
+# choice today, so its ratio says how far two identical runs differ. BENCH_IMPLS (space-separated, ringcc
 # first) picks the columns, e.g. BENCH_IMPLS="ringcc ringccsimple" for
 # the protocol comparison alone (no MPI needed).
 #
