@@ -37,6 +37,40 @@ fn exec(m: &mut Machine<InOrderRing>) -> ringcc_core::Exec {
     }
 }
 
+/// Runs `m` to its end against an eager peer — the call header `desc`
+/// first, then data one step at a time, every send credited at once —
+/// handing each credit, with what `receives_ahead` said then, to
+/// `on_credit`: whether the machine finished.
+fn run_eager(
+    m: &mut Machine<InOrderRing>,
+    desc: CallDesc,
+    mut on_credit: impl FnMut(u64, bool),
+) -> bool {
+    let mut tail = 0;
+    let mut header_given = false;
+    for _ in 0..10_000 {
+        match m.poll_action().unwrap() {
+            Some(Action::Exec(e)) => {
+                m.handle_exec_done().unwrap();
+                if let Some(s) = e.send {
+                    m.handle_head(s.end()).unwrap();
+                }
+            }
+            Some(Action::ReturnCredit { head }) => on_credit(head, m.receives_ahead()),
+            Some(Action::Done) => return true,
+            None => {
+                if !header_given {
+                    m.handle_header(0, desc).unwrap();
+                    header_given = true;
+                }
+                tail += 1;
+                m.handle_tail(tail).unwrap();
+            }
+        }
+    }
+    false
+}
+
 #[test]
 fn first_send_carries_the_header_and_later_ones_do_not() {
     let mut m = machine();
@@ -221,33 +255,7 @@ fn counters_that_no_correct_peer_produces() {
 fn next_calls_header_may_arrive_early_and_is_carried_over() {
     let mut m = machine_with(7, 0, LinkState::default()).unwrap();
     // Run the whole (empty) collective with an eager peer.
-    let mut tail = 0;
-    let mut header_given = false;
-    let mut done = false;
-    for _ in 0..1000 {
-        match m.poll_action().unwrap() {
-            Some(Action::Exec(e)) => {
-                m.handle_exec_done().unwrap();
-                if let Some(s) = e.send {
-                    m.handle_head(s.end()).unwrap();
-                }
-            }
-            Some(Action::ReturnCredit { .. }) => {}
-            Some(Action::Done) => {
-                done = true;
-                break;
-            }
-            None => {
-                if !header_given {
-                    m.handle_header(0, call(7, 0)).unwrap();
-                    header_given = true;
-                }
-                tail += 1;
-                m.handle_tail(tail).unwrap();
-            }
-        }
-    }
-    assert!(done);
+    assert!(run_eager(&mut m, call(7, 0), |_, _| {}));
     let link = m.link();
     // The predecessor starts call 8 right away.
     m.handle_header(link.recv_next, call(8, 64)).unwrap();
@@ -391,33 +399,10 @@ fn primitive_names_are_nccls() {
 fn only_the_calls_last_credit_has_no_receives_ahead() {
     for count in [0u64, 1, 64, 200, 1000] {
         let mut m = machine_with(3, count, LinkState::default()).unwrap();
-        let mut tail = 0;
-        let mut header_given = false;
         let mut credits = Vec::new();
-        let mut done = false;
-        for _ in 0..10_000 {
-            match m.poll_action().unwrap() {
-                Some(Action::Exec(e)) => {
-                    m.handle_exec_done().unwrap();
-                    if let Some(s) = e.send {
-                        m.handle_head(s.end()).unwrap();
-                    }
-                }
-                Some(Action::ReturnCredit { head }) => credits.push((head, m.receives_ahead())),
-                Some(Action::Done) => {
-                    done = true;
-                    break;
-                }
-                None => {
-                    if !header_given {
-                        m.handle_header(0, call(3, count)).unwrap();
-                        header_given = true;
-                    }
-                    tail += 1;
-                    m.handle_tail(tail).unwrap();
-                }
-            }
-        }
+        let done = run_eager(&mut m, call(3, count), |head, ahead| {
+            credits.push((head, ahead))
+        });
         assert!(done, "count {count}");
         let (last, ahead) = credits.pop().expect("rank 1 receives");
         assert!(!ahead, "count {count}: the last credit ({last})");
