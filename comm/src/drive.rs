@@ -300,7 +300,10 @@ impl Ring {
             if self.engine.is_idle() {
                 return Ok(());
             }
-            if self.news_from(cursor)? {
+            // Every end at the first look after progress and at every 16th
+            // idle one; between them a send end only when the engine
+            // waits for its credit or the end has bytes to write.
+            if self.news_from(cursor, idle.is_multiple_of(16))? {
                 progressed = true;
             }
             cursor = cursor.wrapping_add(1);
@@ -334,7 +337,7 @@ impl Ring {
                 match (idle > self.config.spin + NAPS_FIRST).then(|| Arc::clone(&self.bell)) {
                     Some(bell) => {
                         let ticket = bell.arm();
-                        let news = self.news_from(0);
+                        let news = self.news_from(0, true);
                         if !matches!(news, Ok(false)) {
                             bell.disarm();
                             news?;
@@ -355,7 +358,7 @@ impl Ring {
     /// Polls every end once, channels from `first` on (round robin, so no
     /// channel's news waits behind another's), handing what arrived to the
     /// engine: whether anything did.
-    fn news_from(&mut self, first: usize) -> Result<bool> {
+    fn news_from(&mut self, first: usize, all: bool) -> Result<bool> {
         let n = self.used.min(self.links.len());
         let mut news = false;
         for k in 0..n {
@@ -369,6 +372,9 @@ impl Ring {
                 self.engine
                     .handle(self.now, c, event)
                     .map_err(Error::engine)?;
+            }
+            if !(all || l.send.needs_poll() || self.engine.waits_for_credit(c)) {
+                continue;
             }
             while let Some(event) = l.send.poll()? {
                 news = true;

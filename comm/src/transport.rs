@@ -104,6 +104,16 @@ pub trait SendEnd: Send {
         bytes: usize,
     ) -> Result<()>;
 
+    /// Whether [`poll`](SendEnd::poll) has work of its own now (bytes
+    /// queued to write). An end that says `false` is polled only when the
+    /// engine waits for its credit, and at every look after progress and
+    /// every 16th idle one (where a poll is a system call, TCP's, the
+    /// credit stream is not read while nobody needs it). The default says
+    /// `true`: polled at every look.
+    fn needs_poll(&self) -> bool {
+        true
+    }
+
     /// Whether [`post_from`](SendEnd::post_from) saves a copy here: an
     /// end whose slots are staging memory of its own (TCP) sends a slice
     /// that lies in the caller's memory straight from there, and the

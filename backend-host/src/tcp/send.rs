@@ -439,6 +439,11 @@ impl SendEnd for TcpSendEnd {
         self.flush().map(|_| ())
     }
 
+    /// Bytes queued to write; credit is read when the engine needs it.
+    fn needs_poll(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
     /// Staging slots cost a copy per byte: a slice already in the
     /// caller's memory goes from there.
     fn prefers_post_from(&self) -> bool {
