@@ -144,14 +144,20 @@ impl Sim {
 
     /// Schedules the end of `rank`'s exec going `dir` on `channel` at `at`.
     fn tree_exec_done_at(&mut self, at: Ps, rank: u32, channel: u8, dir: TreeDir) {
-        let id = self.tree.msgs.insert(TreeMsg {
+        let m = TreeMsg {
             rank,
             channel,
             conn: TreeConn::Up,
             dir,
             event: Event::ExecDone,
             data: NONE,
-        });
+        };
+        self.schedule_tree(at, m);
+    }
+
+    /// Schedules tree message `m` at `at`.
+    fn schedule_tree(&mut self, at: Ps, m: TreeMsg) {
+        let id = self.tree.msgs.insert(m);
         self.events.at(at, Ev::Tree { id });
     }
 
@@ -166,15 +172,15 @@ impl Sim {
         event: Event,
         data: u32,
     ) {
-        let id = self.tree.msgs.insert(TreeMsg {
+        let m = TreeMsg {
             rank,
             channel,
             conn,
             dir: TreeDir::Turn,
             event,
             data,
-        });
-        self.events.at(at, Ev::Tree { id });
+        };
+        self.schedule_tree(at, m);
     }
 
     /// A tree event arrived: hand it to the rank's engine, then drive it.

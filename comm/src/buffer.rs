@@ -4,6 +4,7 @@
 use ringcc_core::Call;
 
 use crate::error::{Error, Result};
+use crate::exec::Payload;
 
 /// The buffers of one running call.
 #[derive(Debug)]
@@ -89,8 +90,15 @@ impl<'a> Buffers<'a> {
         Some(())
     }
 
-    /// `len` output bytes from byte `off` of the output, to read.
-    pub(crate) fn output_ref(&self, off: usize, len: usize) -> Option<&[u8]> {
+    /// The bytes a slice sends from the caller's buffers (`p`'s range of
+    /// the input or of the output); `None` for a staged payload or a
+    /// range beyond the buffers.
+    pub(crate) fn sent(&self, p: Payload) -> Option<&[u8]> {
+        let (off, len) = match p {
+            Payload::Staged(_) => return None,
+            Payload::Input { at, len } => return self.input(at, len),
+            Payload::Output { at, len } => (at, len),
+        };
         match self {
             Buffers::Apart { output, .. } => output.get(off..off.checked_add(len)?),
             Buffers::InPlace { buf, output, .. } => {

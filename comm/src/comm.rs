@@ -163,6 +163,7 @@ impl Communicator {
         };
         let abort = Arc::new(AbortState::default());
         let mut nodes: Vec<&str> = connected.peers.iter().map(|p| p.node.as_str()).collect();
+        let local_ranks = nodes.iter().filter(|&&n| n == options.node).count();
         nodes.sort_unstable();
         nodes.dedup();
         let protos = crate::proto::job_protocols(
@@ -187,11 +188,7 @@ impl Communicator {
             timeout: options.timeout,
             spin: options.spin,
             hot: crate::drive::spin_hot(
-                connected
-                    .peers
-                    .iter()
-                    .filter(|p| p.node == options.node)
-                    .count(),
+                local_ranks,
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
         };

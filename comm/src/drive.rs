@@ -268,16 +268,10 @@ impl Ring {
                                 .to_bytes()
                             });
                             let header = header.as_ref();
-                            let data = match payload {
-                                Payload::Staged(bytes) => {
-                                    l.send.post(seq, span, header, bytes)?;
-                                    None
-                                }
-                                Payload::Input { at, len } => Some(bufs.input(at, len)),
-                                Payload::Output { at, len } => Some(bufs.output_ref(at, len)),
-                            };
-                            if let Some(data) = data {
-                                let data = data.ok_or_else(|| {
+                            if let Payload::Staged(bytes) = payload {
+                                l.send.post(seq, span, header, bytes)?;
+                            } else {
+                                let data = bufs.sent(payload).ok_or_else(|| {
                                     Error::Internal(format!("channel {c}: send beyond the buffers"))
                                 })?;
                                 l.send.post_from(seq, span, header, data, slot_bytes)?;

@@ -453,7 +453,8 @@ impl SendEnd for TcpSendEnd {
     /// As `post`, with the payload taken from `data`: when nothing is
     /// queued before the span, as much of it as the socket takes now goes
     /// straight from `data` in one `sendmsg`; only what it did not take is
-    /// copied into the staging slots (and queued as `post` queues it).
+    /// copied into the staging slots (and queued as `post` queues it, for
+    /// `poll` to write: the socket has just refused it).
     fn post_from(
         &mut self,
         seq: u64,
@@ -469,11 +470,11 @@ impl SendEnd for TcpSendEnd {
             )));
         }
         self.check_post(seq, span, data.len())?;
-        let before = self.queue.len();
+        let behind = !self.queue.is_empty();
         self.queue_span(seq, span, header, data.len());
         self.posted(seq, span);
         let mut off = 0;
-        if before == 0 {
+        if !behind {
             let sent = {
                 let mut iov = [IoSlice::new(&[]); MAX_IOV];
                 let mut k = 0;
@@ -505,7 +506,10 @@ impl SendEnd for TcpSendEnd {
                 d.copy_from_slice(s);
             }
         }
-        self.flush().map(|_| ())
+        if behind {
+            self.flush()?;
+        }
+        Ok(())
     }
 }
 
