@@ -246,6 +246,20 @@ impl Cluster {
         self.sim.set_algorithm(algorithm)
     }
 
+    /// Later runs use the first `channels` of the cluster's channels
+    /// (the tuner's [`Estimate::channels`](ringcc_core::tune::Estimate::channels)
+    /// for the call's size, as NCCL drops channels a small call would
+    /// leave nearly empty); `None`, the default, uses all of them. Zero or
+    /// more than the cluster has is a `BadConfig`.
+    pub fn set_channels(&mut self, channels: Option<u32>) -> Result<(), Error> {
+        self.sim.set_channels(channels)
+    }
+
+    /// The channels later runs use.
+    pub fn channels(&self) -> u32 {
+        self.sim.used_channels()
+    }
+
     /// The algorithm later runs use.
     pub fn algorithm(&self) -> ringcc_core::Algorithm {
         self.sim.algorithm

@@ -98,6 +98,10 @@ pub(crate) struct Sim {
     pub aborted: Option<Error>,
     /// The algorithm later runs use (Ring unless set).
     pub algorithm: ringcc_core::Algorithm,
+    /// The channels later runs use (all the cluster's unless set): the
+    /// tuner's count for the call's size, as NCCL drops channels a small
+    /// call would leave nearly empty.
+    pub channels: Option<u32>,
     /// A tree call's transport state.
     pub tree: crate::treerun::TreeState,
 }
@@ -195,6 +199,7 @@ impl Sim {
         chunk_bytes: u64,
     ) -> Result<Vec<ringcc_core::TreePlan>, Error> {
         let n = self.fab.ranks;
+        let used = self.used_channels();
         let plans = calls
             .iter()
             .enumerate()
@@ -206,8 +211,7 @@ impl Sim {
                 if c.collective != ringcc_core::Collective::AllReduce {
                     return Err(invalid(ringcc_core::Error::BadTopology));
                 }
-                ringcc_core::TreePlan::new(c.count, c.dtype, n, self.cfg.channels, chunk_bytes)
-                    .map_err(invalid)
+                ringcc_core::TreePlan::new(c.count, c.dtype, n, used, chunk_bytes).map_err(invalid)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let used = plans.first().map_or(0, |p| p.channels());
@@ -261,7 +265,7 @@ impl Sim {
             let nodes = u64::from(self.cfg.nodes.max(1));
             let depth = u64::from(self.cfg.gpus_per_node.max(1)) - 1
                 + u64::from(63 - nodes.leading_zeros());
-            let per_channel = bytes / u64::from(self.cfg.channels.max(1));
+            let per_channel = bytes / u64::from(self.used_channels().max(1));
             let mut slice = g.slot_bytes().min(512 * 1024);
             for (times, floor) in [(8, 128 * 1024), (4, 64 * 1024), (1, 32 * 1024)] {
                 while per_channel / slice < depth * times && slice > floor {
@@ -294,6 +298,26 @@ impl Sim {
     pub fn set_algorithm(&mut self, algorithm: ringcc_core::Algorithm) -> Result<(), Error> {
         self.algorithm = algorithm;
         Ok(())
+    }
+
+    /// Later runs use the first `channels` of the cluster's channels
+    /// (`None`: all of them).
+    pub fn set_channels(&mut self, channels: Option<u32>) -> Result<(), Error> {
+        if let Some(n) = channels.filter(|&n| n == 0 || n > self.cfg.channels) {
+            return Err(Error::BadConfig {
+                what: format!(
+                    "{n} channels for a call on a cluster of {} channels",
+                    self.cfg.channels
+                ),
+            });
+        }
+        self.channels = channels;
+        Ok(())
+    }
+
+    /// The channels a run uses.
+    pub fn used_channels(&self) -> u32 {
+        self.channels.unwrap_or(self.cfg.channels)
     }
 
     fn apply_protocol(&mut self) {
@@ -332,6 +356,7 @@ impl Sim {
             events: Events::new(bucket_shift(lanes_len)),
             aborted: None,
             algorithm: ringcc_core::Algorithm::Ring,
+            channels: None,
             tree: Default::default(),
             lanes,
             fab,
@@ -442,17 +467,18 @@ impl Sim {
         } else {
             None
         };
+        let used = self.used_channels();
         let cfg = &self.cfg;
         let plans: Vec<Plan> = calls
             .iter()
             .enumerate()
             .map(|(r, c)| {
-                Plan::new(c.collective, c.count, c.dtype, n, cfg.channels, chunk_bytes).map_err(
-                    |source| Error::InvalidCall {
+                Plan::new(c.collective, c.count, c.dtype, n, used, chunk_bytes).map_err(|source| {
+                    Error::InvalidCall {
                         rank: Rank(r as u32),
                         source,
-                    },
-                )
+                    }
+                })
             })
             .collect::<Result<_, _>>()?;
         match data {
@@ -518,10 +544,11 @@ impl Sim {
                 refused.push((r as u32, e));
             }
         }
-        let tree_channels = tree_plans
+        // The channels the call uses (a tree plan may use fewer still).
+        let used = tree_plans
             .as_ref()
             .and_then(|tp| tp.first())
-            .map(|p| p.channels());
+            .map_or(used, |p| p.channels());
         for l in 0..self.lanes.len() {
             let t = self.fab.lanes[l as usize];
             let dead = self.ranks[t.rank as usize].died.is_some();
@@ -534,8 +561,8 @@ impl Sim {
             lane.state = if dead {
                 self.run.finished += 1;
                 LaneState::Dead
-            } else if tree_channels.is_some_and(|used| t.channel >= used) {
-                // A channel the tree call does not use has nothing to do.
+            } else if t.channel >= used {
+                // A channel the call does not use has nothing to do.
                 self.run.finished += 1;
                 LaneState::Done
             } else {

@@ -69,6 +69,7 @@ fn simulate(cluster: &mut Cluster, bytes: u64, ring: bool) -> (f64, ringcc_core:
         .chosen;
     cluster.set_algorithm(choice.algorithm).unwrap();
     cluster.set_protocol(choice.protocol).unwrap();
+    cluster.set_channels(Some(choice.channels)).unwrap();
     let call = Call::new(Collective::AllReduce, count, DataType::F32, ReduceOp::Sum);
     let t0 = cluster.now();
     let report = cluster

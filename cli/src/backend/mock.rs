@@ -217,9 +217,9 @@ impl PerfBackend for MockBackend {
             // payload mode carries Simple slots only, so LL/LL128 lines are
             // timing-only there (the core's own tests prove them:
             // line_props, loom_line).
-            "  algorithm and protocol per size: the tuner's (`ringcc explain`); #wrong checks the \
-             data with the row's algorithm (ring or tree) under Simple's bytes (LL/LL128 run \
-             timing-only)"
+            "  algorithm, protocol and channels per size: the tuner's (`ringcc explain`); #wrong \
+             checks the data with the row's algorithm and channels (ring or tree) under Simple's \
+             bytes (LL/LL128 run timing-only)"
                 .to_string(),
         ]
     }
@@ -245,6 +245,9 @@ impl PerfBackend for MockBackend {
         cluster
             .set_algorithm(choice.chosen.algorithm)
             .map_err(|e| run_failed("algorithm", e))?;
+        cluster
+            .set_channels(Some(choice.chosen.channels))
+            .map_err(|e| run_failed("channels", e))?;
         let mut total = 0.0;
         for i in 0..warmup.saturating_add(iters) {
             let report = cluster
@@ -274,9 +277,9 @@ impl PerfBackend for MockBackend {
         }
         let n = self.ranks();
         let mc = *call;
-        // The timed row's algorithm (the tuner's choice, as `time` made
-        // it), under Simple: the payload clusters carry Simple slots only.
-        let algorithm = self.choice(call)?.chosen.algorithm;
+        // The timed row's algorithm and channels (the tuner's choice, as
+        // `time` made it), under Simple: the payload clusters carry Simple slots only.
+        let chosen = self.choice(call)?.chosen;
         if self.generated.as_ref().and_then(GeneratedData::call) != Some(mc) {
             // A new size (or type, op): new inputs, a new reference.
             self.generated = None;
@@ -297,11 +300,13 @@ impl PerfBackend for MockBackend {
         let [out_cl, in_cl] = &mut self.payload;
         let out_cl = Self::cluster(out_cl, &self.cfg, true)?;
         out_cl
-            .set_algorithm(algorithm)
+            .set_algorithm(chosen.algorithm)
+            .and_then(|()| out_cl.set_channels(Some(chosen.channels)))
             .map_err(|e| run_failed("algorithm", e))?;
         let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
         in_cl
-            .set_algorithm(algorithm)
+            .set_algorithm(chosen.algorithm)
+            .and_then(|()| in_cl.set_channels(Some(chosen.channels)))
             .map_err(|e| run_failed("algorithm", e))?;
         if in_place {
             // Asked for in place alone (not after its out-of-place twin).
