@@ -175,7 +175,7 @@ fn options(suite: &str, channels: u8) -> Options {
     o.geometry = FifoGeometry::new(4 << 10, 2).unwrap();
     o.chunk_bytes = 16 << 10;
     // Every channel in use from 16 KiB on.
-    o.channel_bytes = 8 << 10;
+    o.channel_bytes = Some(8 << 10);
     o.timeout = match suite {
         "suite" => Duration::from_secs(60),
         _ => SHORT,

@@ -112,7 +112,7 @@ fn run(case: &Case, token: &str) -> Result<(), String> {
         geometry: FifoGeometry::new(case.slot_bytes, 1).unwrap(),
         chunk_bytes: case.slot_bytes * 2,
         // Every channel in use from a few KiB on.
-        channel_bytes: 2048,
+        channel_bytes: Some(2048),
         timeout: Duration::from_secs(20),
         ..Options::default()
     };

@@ -248,7 +248,7 @@ fn options(suite: &str, channels: u8) -> Options {
     o.geometry = FifoGeometry::new(16 << 10, 2).unwrap();
     o.chunk_bytes = 64 << 10;
     // Every channel in use from 64 KiB on.
-    o.channel_bytes = 32 << 10;
+    o.channel_bytes = Some(32 << 10);
     o.timeout = match suite {
         "killed" | "mismatch" | "abort" => Duration::from_secs(5),
         _ => Duration::from_secs(30),

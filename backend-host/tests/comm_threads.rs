@@ -170,3 +170,45 @@ fn abort_fails_the_next_call_even_on_one_rank() {
     // And it stays failed.
     assert!(c.all_reduce_in_place(&mut x, ReduceOp::Sum).is_err());
 }
+
+/// Four ranks on two "nodes" (shared memory inside, TCP between): the
+/// ring has TCP hops, so every rank runs calls on one channel
+/// (`channel_bytes` unbounded), and calls still give the sum; on one node
+/// (shared memory only) the default applies; an explicit setting wins
+/// on both.
+#[test]
+fn a_ring_with_a_tcp_hop_runs_calls_on_one_channel() {
+    use ringcc_comm::transport::CHANNEL_BYTES;
+    let both = ringcc_host::transports("127.0.0.1".parse().unwrap(), Duration::from_secs(20));
+    for (nodes, set, want) in [
+        (["a", "a", "b", "b"], None, u64::MAX),
+        (["a", "a", "a", "a"], None, CHANNEL_BYTES),
+        (["a", "a", "b", "b"], Some(8192), 8192),
+    ] {
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let t = token("tcp-channels");
+        let threads: Vec<_> = (0..4u32)
+            .map(|r| {
+                let (store, t, both) = (Arc::clone(&store), t.clone(), Arc::clone(&both));
+                let o = Options {
+                    node: nodes[r as usize].into(),
+                    channel_bytes: set,
+                    timeout: Duration::from_secs(20),
+                    ..Options::default()
+                };
+                std::thread::spawn(move || {
+                    let c = Communicator::new(Rank(r), 4, store, &t, o, both).unwrap();
+                    let mut a = vec![1.0f32 + r as f32; 300_001];
+                    c.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+                    assert!(a.iter().all(|&x| x == 10.0));
+                    let per = c.channel_bytes();
+                    c.close().unwrap();
+                    per
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), want, "nodes {nodes:?}, set {set:?}");
+        }
+    }
+}

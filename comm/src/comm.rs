@@ -111,6 +111,9 @@ pub struct Communicator {
     transports: Transports,
     peers: Vec<PeerInfo>,
     hops: Vec<(&'static str, &'static str)>,
+    /// Bytes of a call's larger buffer per channel it uses (the
+    /// options', else the ring's transports').
+    channel_bytes: u64,
     splits: AtomicU64,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -180,10 +183,11 @@ impl Communicator {
             options.algos,
             protos,
         )?;
+        let channel_bytes = options.channel_bytes.unwrap_or(connected.channel_bytes);
         let drive = DriveConfig {
             geometry: options.geometry,
             chunk_bytes: options.chunk_bytes,
-            channel_bytes: options.channel_bytes,
+            channel_bytes,
             tuner,
             timeout: options.timeout,
             spin: options.spin,
@@ -231,6 +235,7 @@ impl Communicator {
             transports,
             peers: connected.peers,
             hops: connected.hops,
+            channel_bytes,
             splits: AtomicU64::new(0),
             stop,
             threads,
@@ -275,6 +280,13 @@ impl Communicator {
     /// The settings in use.
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// Bytes of a call's larger buffer per channel it uses:
+    /// [`Options::channel_bytes`] when set, else what the ring's
+    /// transports ask for (one channel on a ring with a TCP hop).
+    pub fn channel_bytes(&self) -> u64 {
+        self.channel_bytes
     }
 
     /// Every rank's published info (node, pid, transports), by rank.

@@ -27,6 +27,9 @@ pub(crate) struct Connected {
     pub(crate) hops: Vec<(&'static str, &'static str)>,
     /// The bell this rank sleeps on.
     pub(crate) bell: Arc<dyn Bell>,
+    /// Bytes per channel the ring's transports ask for (the largest of
+    /// its hops'; the same on every rank).
+    pub(crate) channel_bytes: u64,
 }
 
 /// Waits until every rank has reached barrier `name` (a counter in the
@@ -97,7 +100,7 @@ fn pick(transports: &[Box<dyn Transport>], peers: &[PeerInfo], a: Rank, b: Rank)
 /// What every rank must agree on, compared across ranks at connect.
 fn settings(o: &Options) -> String {
     format!(
-        "channels={} slot_bytes={} slots_per_slice={} chunk_bytes={} channel_bytes={} protos={:?} algos={:?}",
+        "channels={} slot_bytes={} slots_per_slice={} chunk_bytes={} channel_bytes={:?} protos={:?} algos={:?}",
         o.channels,
         o.geometry.slot_bytes(),
         o.geometry.slots_per_slice(),
@@ -218,8 +221,13 @@ pub(crate) fn connect(
     barrier(store, "connected", world, deadline)?;
     let name = |t: usize| transports.get(t).map_or("none", |t| t.name());
     let names = (name(t_out), name(t_in));
+    let channel_bytes = ring_hops(transports, &peers, &order)
+        .filter_map(|(_, t, _)| t.map(|t| t.channel_bytes()))
+        .max()
+        .unwrap_or(crate::transport::CHANNEL_BYTES);
     if rank == Rank(0) && options.debug_info {
-        eprintln!("{}", banner(&peers, &order, options, transports));
+        let per = options.channel_bytes.unwrap_or(channel_bytes);
+        eprintln!("{}", banner(&peers, &order, options, per, transports));
     }
     Ok(Connected {
         order,
@@ -227,7 +235,28 @@ pub(crate) fn connect(
         peers,
         hops: vec![names; usize::from(channels)],
         bell,
+        channel_bytes,
     })
+}
+
+/// Every hop of the ring, in ring order from its first rank: sender,
+/// transport (`None` where none reaches), receiver. Every rank computes
+/// the same from what all published.
+fn ring_hops<'t>(
+    transports: &'t [Box<dyn Transport>],
+    peers: &'t [PeerInfo],
+    order: &'t RingOrderOf,
+) -> impl Iterator<Item = (u32, Option<&'t dyn Transport>, u32)> + 't {
+    let ring = order.ranks_in_order();
+    ring.iter()
+        .zip(ring.iter().cycle().skip(1))
+        .map(move |(&r, &next)| {
+            let t = pick(transports, peers, Rank(r), Rank(next))
+                .ok()
+                .and_then(|k| transports.get(k))
+                .map(|t| &**t);
+            (r, t, next)
+        })
 }
 
 /// The init banner (`RINGCC_DEBUG=INFO`): ranks, nodes, channels, the
@@ -236,6 +265,7 @@ fn banner(
     peers: &[PeerInfo],
     order: &RingOrderOf,
     options: &Options,
+    channel_bytes: u64,
     transports: &[Box<dyn Transport>],
 ) -> String {
     let mut nodes: Vec<&str> = Vec::new();
@@ -244,8 +274,13 @@ fn banner(
             nodes.push(&p.node);
         }
     }
+    let per = match channel_bytes {
+        u64::MAX => "one per call".to_string(),
+        b => format!("one per {b} B"),
+    };
     let mut s = format!(
-        "ringcc INFO: {} ranks on {} node(s), {} channel(s), FIFO {} x {} B, chunk {} B, timeout {:?}\n\
+        "ringcc INFO: {} ranks on {} node(s), {} channel(s) ({per}), FIFO {} x {} B, chunk {} B, \
+         timeout {:?}\n\
          ringcc INFO: ring",
         peers.len(),
         nodes.len(),
@@ -255,17 +290,14 @@ fn banner(
         options.chunk_bytes,
         options.timeout,
     );
-    let ring = order.ranks_in_order();
-    for (i, &r) in ring.iter().enumerate() {
-        let next = ring.get((i + 1) % ring.len()).copied().unwrap_or(r);
-        let t = pick(transports, peers, Rank(r), Rank(next))
-            .ok()
-            .and_then(|k| transports.get(k))
-            .map_or("none", |t| t.name());
+    let mut first = None;
+    for (r, t, _) in ring_hops(transports, peers, order) {
+        first.get_or_insert(r);
+        let t = t.map_or("none", |t| t.name());
         let node = peers.get(r as usize).map_or("?", |p| p.node.as_str());
         let _ = write!(s, " {r}[{node}] -{t}->");
     }
-    if let Some(first) = ring.first() {
+    if let Some(first) = first {
         let _ = write!(s, " {first}");
     }
     s

@@ -5,7 +5,7 @@
 //! | `RINGCC_NCHANNELS` | channels (rings), 1..=64 | 2 |
 //! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | 131072 |
 //! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
-//! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | 4194304 |
+//! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | the ring's transports': 4194304, or one channel on a ring with a TCP hop |
 //! | `RINGCC_PROTO` | the protocols calls may run under, NCCL_PROTO's syntax: `LL`, `LL,LL128`, `^LL128`, any case | all: the tuner picks per call ([`choose_protocol`](crate::proto::choose_protocol)) |
 //! | `RINGCC_ALGO` | the algorithms, NCCL_ALGO's syntax (`Ring`, `^Tree`); the communicator runs rings | all |
 //! | `RINGCC_TIMEOUT_MS` | a call fails when nothing moves this long | 30000 |
@@ -36,7 +36,11 @@ pub struct Options {
     /// A call uses one channel per this many bytes of its larger buffer
     /// (at least one, at most [`channels`](Self::channels)): every
     /// channel adds hand-offs, and one drive thread serves them all.
-    pub channel_bytes: u64,
+    /// `None`: what the ring's transports ask for
+    /// ([`Transport::channel_bytes`](crate::transport::Transport::channel_bytes):
+    /// [`CHANNEL_BYTES`](crate::transport::CHANNEL_BYTES), or one channel
+    /// on a ring with a TCP hop).
+    pub channel_bytes: Option<u64>,
     /// The protocols calls may run under (`RINGCC_PROTO`); the tuner
     /// picks among them per call
     /// ([`choose_protocol`](crate::proto::choose_protocol)).
@@ -66,7 +70,7 @@ impl Default for Options {
             channels: 2,
             geometry: FifoGeometry::new(128 << 10, 1).unwrap_or_default(),
             chunk_bytes: 512 << 10,
-            channel_bytes: 4 << 20,
+            channel_bytes: None,
             protos: ProtoSet::ALL,
             algos: AlgoSet::ALL,
             timeout: Duration::from_secs(30),
@@ -112,7 +116,7 @@ impl Options {
             o.chunk_bytes = c;
         }
         if let Some(b) = num("RINGCC_CHANNEL_BYTES")? {
-            o.channel_bytes = b;
+            o.channel_bytes = Some(b);
         }
         if let Some(p) = get("RINGCC_PROTO") {
             o.protos = crate::proto::parse_protos(&p).map_err(|reason| Error::Env {
@@ -183,7 +187,7 @@ impl Options {
                 self.geometry.max_chunk_bytes()
             )));
         }
-        if self.channel_bytes == 0 {
+        if self.channel_bytes == Some(0) {
             return Err(Error::BadConfig("0 bytes per channel".into()));
         }
         if self.timeout.is_zero() {

@@ -243,6 +243,12 @@ impl Job<'_> {
     }
 }
 
+/// Bytes of a call's larger buffer per channel it uses, where no
+/// transport of the ring asks for more
+/// ([`Transport::channel_bytes`]): every channel adds hand-offs, and one
+/// drive thread serves them all.
+pub const CHANNEL_BYTES: u64 = 4 << 20;
+
 /// A way of connecting ranks. One value per communicator; it keeps what
 /// the connecting phases share (a listener, pending segments).
 pub trait Transport: Send {
@@ -268,6 +274,16 @@ pub trait Transport: Send {
     /// transport has no memory its peers share.
     fn bell(&mut self) -> Option<Arc<dyn Bell>> {
         None
+    }
+
+    /// A call uses one channel per this many bytes of its larger buffer
+    /// on a ring with a hop over this transport (the ring's largest
+    /// wins; `RINGCC_CHANNEL_BYTES` overrides). The default,
+    /// [`CHANNEL_BYTES`], suits transports whose channels cost only
+    /// hand-offs; one whose every extra connection costs more than it
+    /// adds says more (TCP: one channel).
+    fn channel_bytes(&self) -> u64 {
+        CHANNEL_BYTES
     }
 
     /// Sender, phase 2: the sending end of `hop`.

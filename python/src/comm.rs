@@ -293,7 +293,7 @@ impl Communicator {
         d.set_item("channels", o.channels)?;
         d.set_item("timeout", o.timeout.as_secs_f64())?;
         d.set_item("chunk_bytes", o.chunk_bytes)?;
-        d.set_item("channel_bytes", o.channel_bytes)?;
+        d.set_item("channel_bytes", c.channel_bytes())?;
         d.set_item("node", &o.node)?;
         Ok(d)
     }

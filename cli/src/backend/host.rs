@@ -121,16 +121,19 @@ impl PerfBackend for HostBackend {
             None => "one rank: no hops".into(),
         };
         let g = o.geometry;
+        let per = match self.comm.channel_bytes() {
+            u64::MAX => "one per call: a ring with a TCP hop".to_string(),
+            b => format!("one per {b} B of a call's buffer"),
+        };
         vec![format!(
             "Backend: {} — {} rank(s) on {} node(s), one per process; {}; up to {} \
-             channel(s) (one per {} B of a call's buffer), {} B FIFO slots ({} per slice), {} B \
+             channel(s) ({per}), {} B FIFO slots ({} per slice), {} B \
              chunks; {hops}; in place: one buffer in NCCL's layout.",
             self.fabric.name(),
             self.comm.world_size(),
             nodes.len(),
             self.fabric.describe(),
             o.channels,
-            o.channel_bytes,
             g.slot_bytes(),
             g.slots_per_slice(),
             o.chunk_bytes,
