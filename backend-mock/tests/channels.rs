@@ -10,6 +10,23 @@ mod common;
 use ringcc_core::{Algorithm, Collective, DataType, ReduceOp};
 use ringcc_mock::{Call, Cluster, ClusterConfig, Error};
 
+/// Runs `call` on every rank of `cl` with exact inputs for `salt`; every
+/// rank's output must be the reference.
+fn run_exact(cl: &mut Cluster, call: Call, in_place: bool, salt: u64) {
+    let n = cl.ranks();
+    let mut bufs = common::buffers(&call, n, in_place, salt);
+    let r = cl
+        .run(&vec![call; n as usize], &mut bufs, in_place)
+        .unwrap();
+    assert!(
+        r.ok(),
+        "{} channels, {call:?}: {:?}",
+        cl.channels(),
+        r.first_error()
+    );
+    common::check(&call, n, &bufs, in_place, salt);
+}
+
 /// Payload mode, 2 nodes x 3 GPUs on 4 channels: calls alternate between
 /// 1, 3, 4 and 2 channels (so a channel sits out some calls and joins
 /// later ones, from the counters it had), every collective, uneven
@@ -28,12 +45,7 @@ fn every_collective_is_exact_on_any_channel_count() {
                 let call = Call::new(collective, count, DataType::F32, ReduceOp::Sum);
                 let in_place = (i + usize::from(k)) % 2 == 0;
                 salt += 1;
-                let mut bufs = common::buffers(&call, n, in_place, salt);
-                let r = cl
-                    .run(&vec![call; n as usize], &mut bufs, in_place)
-                    .unwrap();
-                assert!(r.ok(), "{used} channels, {call:?}: {:?}", r.first_error());
-                common::check(&call, n, &bufs, in_place, salt);
+                run_exact(&mut cl, call, in_place, salt);
             }
         }
     }
@@ -44,7 +56,6 @@ fn every_collective_is_exact_on_any_channel_count() {
 fn tree_allreduce_is_exact_on_fewer_channels() {
     let mut cl = Cluster::new(common::small(2, 2, 2, 4)).unwrap();
     cl.set_algorithm(Algorithm::Tree).unwrap();
-    let n = cl.ranks();
     for (i, used) in [1u32, 4, 2].into_iter().enumerate() {
         cl.set_channels(Some(used)).unwrap();
         for (j, dtype) in [DataType::F32, DataType::I32, DataType::F64]
@@ -53,13 +64,7 @@ fn tree_allreduce_is_exact_on_fewer_channels() {
         {
             let call = Call::new(Collective::AllReduce, 777, dtype, ReduceOp::Max);
             let salt = (i * 3 + j) as u64;
-            let in_place = j == 1;
-            let mut bufs = common::buffers(&call, n, in_place, salt);
-            let r = cl
-                .run(&vec![call; n as usize], &mut bufs, in_place)
-                .unwrap();
-            assert!(r.ok(), "{used} channels: {:?}", r.first_error());
-            common::check(&call, n, &bufs, in_place, salt);
+            run_exact(&mut cl, call, j == 1, salt);
         }
     }
 }

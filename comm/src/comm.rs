@@ -183,7 +183,7 @@ impl Communicator {
             options.algos,
             protos,
         )?;
-        let channel_bytes = options.channel_bytes.unwrap_or(connected.channel_bytes);
+        let channel_bytes = connected.channel_bytes;
         let drive = DriveConfig {
             geometry: options.geometry,
             chunk_bytes: options.chunk_bytes,

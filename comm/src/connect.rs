@@ -27,8 +27,9 @@ pub(crate) struct Connected {
     pub(crate) hops: Vec<(&'static str, &'static str)>,
     /// The bell this rank sleeps on.
     pub(crate) bell: Arc<dyn Bell>,
-    /// Bytes per channel the ring's transports ask for (the largest of
-    /// its hops'; the same on every rank).
+    /// Bytes of a call's larger buffer per channel it uses: the options'
+    /// override, else what the ring's transports ask for (the largest of
+    /// its hops'); the same on every rank.
     pub(crate) channel_bytes: u64,
 }
 
@@ -221,13 +222,17 @@ pub(crate) fn connect(
     barrier(store, "connected", world, deadline)?;
     let name = |t: usize| transports.get(t).map_or("none", |t| t.name());
     let names = (name(t_out), name(t_in));
-    let channel_bytes = ring_hops(transports, &peers, &order)
-        .filter_map(|(_, t, _)| t.map(|t| t.channel_bytes()))
-        .max()
-        .unwrap_or(crate::transport::CHANNEL_BYTES);
+    let channel_bytes = options.channel_bytes.unwrap_or_else(|| {
+        ring_hops(transports, &peers, &order)
+            .filter_map(|(_, t)| t.map(|t| t.channel_bytes()))
+            .max()
+            .unwrap_or(crate::transport::CHANNEL_BYTES)
+    });
     if rank == Rank(0) && options.debug_info {
-        let per = options.channel_bytes.unwrap_or(channel_bytes);
-        eprintln!("{}", banner(&peers, &order, options, per, transports));
+        eprintln!(
+            "{}",
+            banner(&peers, &order, options, channel_bytes, transports)
+        );
     }
     Ok(Connected {
         order,
@@ -239,14 +244,14 @@ pub(crate) fn connect(
     })
 }
 
-/// Every hop of the ring, in ring order from its first rank: sender,
-/// transport (`None` where none reaches), receiver. Every rank computes
-/// the same from what all published.
+/// Every hop of the ring, in ring order from its first rank: the sender
+/// and the transport to its successor (`None` where none reaches). Every
+/// rank computes the same from what all published.
 fn ring_hops<'t>(
     transports: &'t [Box<dyn Transport>],
     peers: &'t [PeerInfo],
     order: &'t RingOrderOf,
-) -> impl Iterator<Item = (u32, Option<&'t dyn Transport>, u32)> + 't {
+) -> impl Iterator<Item = (u32, Option<&'t dyn Transport>)> + 't {
     let ring = order.ranks_in_order();
     ring.iter()
         .zip(ring.iter().cycle().skip(1))
@@ -255,7 +260,7 @@ fn ring_hops<'t>(
                 .ok()
                 .and_then(|k| transports.get(k))
                 .map(|t| &**t);
-            (r, t, next)
+            (r, t)
         })
 }
 
@@ -290,14 +295,12 @@ fn banner(
         options.chunk_bytes,
         options.timeout,
     );
-    let mut first = None;
-    for (r, t, _) in ring_hops(transports, peers, order) {
-        first.get_or_insert(r);
+    for (r, t) in ring_hops(transports, peers, order) {
         let t = t.map_or("none", |t| t.name());
         let node = peers.get(r as usize).map_or("?", |p| p.node.as_str());
         let _ = write!(s, " {r}[{node}] -{t}->");
     }
-    if let Some(first) = first {
+    if let Some(first) = order.ranks_in_order().first() {
         let _ = write!(s, " {first}");
     }
     s

@@ -302,12 +302,12 @@ impl PerfBackend for MockBackend {
         out_cl
             .set_algorithm(chosen.algorithm)
             .and_then(|()| out_cl.set_channels(Some(chosen.channels)))
-            .map_err(|e| run_failed("algorithm", e))?;
+            .map_err(|e| run_failed("algorithm and channels", e))?;
         let in_cl = Self::cluster(in_cl, &self.cfg, true)?;
         in_cl
             .set_algorithm(chosen.algorithm)
             .and_then(|()| in_cl.set_channels(Some(chosen.channels)))
-            .map_err(|e| run_failed("algorithm", e))?;
+            .map_err(|e| run_failed("algorithm and channels", e))?;
         if in_place {
             // Asked for in place alone (not after its out-of-place twin).
             return checked_run(in_cl, &calls, data, true).map_err(CliError::failed);
