@@ -377,6 +377,7 @@ mod processes {
     use ringcc_comm::store::{PrefixStore, Store};
     use ringcc_core::verify;
     use ringcc_core::{Call, Collective, DataType, Rank, ReduceOp};
+    use ringcc_cuda::device_loop::peers::NodeNet;
     use ringcc_cuda::{Config, GpuRank};
 
     const ROLE: &str = "RINGCC_GPU_TEST_RANK";
@@ -384,11 +385,19 @@ mod processes {
     const TOKEN: &str = "RINGCC_GPU_TEST_TOKEN";
     const STORE: &str = "RINGCC_GPU_TEST_STORE";
     const BW: &str = "RINGCC_GPU_TEST_BW";
+    const NODES: &str = "RINGCC_GPU_TEST_NODES";
 
     /// Starts `ranks` processes on GPU 0 and waits (at most 4 minutes);
     /// every one must print `RESULT ok`. Their `RESULT name=` lines (the
     /// bandwidth) are printed for scripts/gpu-check.sh.
     pub fn job(ranks: u32, bandwidth: bool) {
+        job_on(ranks, bandwidth, false)
+    }
+
+    /// [`job`] with the ranks on two "nodes" (the first half on one) when
+    /// `nodes`: CUDA IPC inside each, TCP between them through each
+    /// rank's proxy and pinned host staging.
+    pub fn job_on(ranks: u32, bandwidth: bool, nodes: bool) {
         let t = format!("gpu-ranks-{}", std::process::id());
         let server = TcpStoreServer::start(
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
@@ -412,6 +421,7 @@ mod processes {
                     .env(TOKEN, &t)
                     .env(STORE, &addr)
                     .env(BW, if bandwidth { "1" } else { "0" })
+                    .env(NODES, if nodes { "1" } else { "0" })
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
@@ -456,8 +466,17 @@ mod processes {
     /// against the core's reference.
     fn sweep(store: Arc<dyn Store>, rank: u32, ranks: u32) -> Result<usize, String> {
         let config = Config::small(1024, 2).map_err(|e| e.to_string())?;
-        let mut g =
-            GpuRank::init(0, Rank(rank), ranks, store, config).map_err(|e| e.to_string())?;
+        let net = (std::env::var(NODES).as_deref() == Ok("1")).then(|| NodeNet {
+            token: std::env::var(TOKEN).unwrap_or_default(),
+            node: if rank < ranks / 2 { "a" } else { "b" }.to_owned(),
+            transports: ringcc_host::transports(IpAddr::V4(Ipv4Addr::LOCALHOST), config.timeout)()
+                .into_iter()
+                .filter(|t| t.name() == "tcp")
+                .collect(),
+            chunk_bytes: config.chunk_bytes,
+        });
+        let mut g = GpuRank::init_on_nodes(0, Rank(rank), ranks, store, config, net)
+            .map_err(|e| e.to_string())?;
         let s = g.stream().clone();
         let mut runs = 0;
         for c in collectives(ranks) {
@@ -626,5 +645,11 @@ mod processes {
     #[ignore = "needs a CUDA GPU"]
     fn four_processes_share_gpu0_over_ipc() {
         job(4, false);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn four_processes_on_two_nodes_share_gpu0_ipc_inside_tcp_between() {
+        job_on(4, false, true);
     }
 }

@@ -23,7 +23,7 @@ use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::verify::{count_wrong, fill_input};
 use ringcc_core::{Call, ChannelId, Collective, DataType, Rank, ReduceOp};
 use ringcc_cuda::device_loop::abi::{self, RcLoopArgs, RcStatus};
-use ringcc_cuda::device_loop::peers::LoopPeers;
+use ringcc_cuda::device_loop::peers::{LoopPeers, NodeNet};
 use ringcc_cuda::device_loop::{loop_args, status_error};
 use ringcc_cuda::kernel::{loop_source, loop_symbol, ModuleKey};
 
@@ -186,7 +186,10 @@ impl RankLoop {
             (
                 self.peers.table().as_ptr() as u64,
                 self.status.as_ptr() as u64,
-                self.abort.as_ptr() as u64,
+                self.peers
+                    .proxy()
+                    .map_or(self.abort.as_ptr(), |p| p.abort_word().as_ptr())
+                    as u64,
             ),
         );
         Job {
@@ -288,7 +291,7 @@ fn collectives(n: u32) -> Vec<Collective> {
 
 fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, String> {
     let var = |k: &str| std::env::var(k).unwrap();
-    let timeout = if suite == "killed" {
+    let timeout = if suite.ends_with("killed") {
         SHORT
     } else {
         Duration::from_secs(60)
@@ -296,15 +299,31 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
     let store = TcpStore::connect(&var(STORE), &var(TOKEN), Rank(rank), ranks, timeout)
         .map_err(|e| format!("store: {e}"))?;
     let geometry = FifoGeometry::new(SLOT_BYTES, 2).unwrap();
-    let peers = LoopPeers::connect(
+    // The "nodes" suites: the first half of the ranks on node a, the rest
+    // on node b; TCP between them, staged by each rank's proxy.
+    let nodes = suite.starts_with("nodes");
+    let net = nodes.then(|| NodeNet {
+        token: var(TOKEN),
+        node: if rank < ranks / 2 { "a" } else { "b" }.to_owned(),
+        transports: ringcc_host::transports(IpAddr::V4(Ipv4Addr::LOCALHOST), timeout)()
+            .into_iter()
+            .filter(|t| t.name() == "tcp")
+            .collect(),
+        chunk_bytes: SLOT_BYTES * 4,
+    });
+    let peers = LoopPeers::connect_nodes(
         &store,
         Rank(rank),
         ranks,
         channels,
         geometry,
         Instant::now() + timeout,
+        net,
     )
     .map_err(|e| format!("connect: {e}"))?;
+    if nodes && peers.proxy().is_none() {
+        return Err("no proxy on a job of two nodes".into());
+    }
     // SAFETY: the parent built it from our generated sources; its
     // initializers do nothing.
     let lib = unsafe { libloading::Library::new(var(LIB)) }.map_err(|e| e.to_string())?;
@@ -327,7 +346,7 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
             .collect::<Vec<_>>()
     };
     match suite {
-        "suite" => {
+        "suite" | "nodes" => {
             let mut jobs = Vec::new();
             let mut seq = 0;
             for c in collectives(ranks) {
@@ -377,9 +396,19 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
+            // (Through the store: a successor on another node is not
+            // mapped here.)
+            for c in 0..channels {
+                let (recv_next, _) = me.peers.state(c, false);
+                store
+                    .set(&format!("recv_next/{rank}/{c}"), &recv_next.to_le_bytes())
+                    .map_err(|e| e.to_string())?;
+            }
             for c in 0..channels {
                 let (_, send_next) = me.peers.state(c, false);
-                let (recv_next, _) = me.peers.state(c, true);
+                let key = format!("recv_next/{}/{c}", (rank + 1) % ranks);
+                let v = store.get(&key, timeout).map_err(|e| e.to_string())?;
+                let recv_next = u64::from_le_bytes(v.try_into().map_err(|_| "a bad counter")?);
                 if send_next != recv_next || send_next == 0 {
                     return Err(format!(
                         "channel {c}: send_next {send_next}, the successor's recv_next {recv_next}"
@@ -388,7 +417,7 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
             }
             Ok(format!("{} calls", jobs.len()))
         }
-        "killed" => {
+        "killed" | "nodes-killed" => {
             if rank == 1 {
                 std::thread::spawn(|| {
                     std::thread::sleep(Duration::from_millis(300));
@@ -461,15 +490,42 @@ fn four_processes_one_channel_on_the_device_loop() {
     all_ok(job("suite", 4, 1));
 }
 
+/// Two "nodes" of two processes each: CUDA IPC (memfds) inside each, the
+/// hops between them staged through host memory by each rank's proxy
+/// over TCP — every collective, type pairs, in place, back to back.
+#[test]
+fn two_nodes_every_collective_on_the_device_loop_through_the_proxy() {
+    all_ok(job("nodes", 4, 2));
+}
+
+/// Two nodes of one process each: both of a rank's hops go through its
+/// proxy (both neighbours are the other rank, on the other node).
+#[test]
+fn two_nodes_of_one_rank_on_the_device_loop_through_the_proxy() {
+    all_ok(job("nodes", 2, 3));
+}
+
 /// Rank 1 is killed mid-call: the other ranks' blocks time out (the
 /// loop's bounded wait) and say so, within the deadline and a margin.
 #[test]
 fn a_killed_rank_is_a_timeout_on_the_device_loop() {
-    let Some(exits) = job("killed", 3, 2) else {
+    killed("killed", 3);
+}
+
+/// The same across two nodes of two ranks: rank 1's node-mate stops at
+/// its loop's timeout, the ranks of the other node too (their proxy sees
+/// the connection go and raises the abort word, or the loop times out).
+#[test]
+fn a_killed_rank_on_another_node_ends_the_others_on_the_device_loop() {
+    killed("nodes-killed", 4);
+}
+
+fn killed(suite: &str, ranks: u32) {
+    let Some(exits) = job(suite, ranks, 2) else {
         return;
     };
     assert_eq!(exits[1].code, None, "rank 1 was killed: {}", exits[1].out);
-    for r in [0, 2] {
+    for r in (0..ranks as usize).filter(|&r| r != 1) {
         let e = &exits[r];
         assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
         let line = e

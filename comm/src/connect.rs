@@ -314,3 +314,160 @@ pub(crate) fn geometry(slot_bytes: u64, slots_per_slice: u64) -> Result<FifoGeom
         source,
     })
 }
+
+/// A job's ring hops that leave a node, connected outside a
+/// [`Communicator`](crate::Communicator): for a device whose data path
+/// inside a node is its own (a GPU's persistent loop writing its
+/// neighbours' memory over CUDA IPC) and whose host only proxies the
+/// network, as NCCL's proxy thread does. See [`connect_between_nodes`].
+pub struct NodeLinks {
+    /// Every rank's published info, by rank.
+    pub peers: Vec<PeerInfo>,
+    /// The ring: the ranks of a node next to each other.
+    pub order: RingOrderOf,
+    /// Per channel, the end toward the successor when it runs on another
+    /// node (else empty).
+    pub send: Vec<Box<dyn crate::transport::SendEnd>>,
+    /// Per channel, the end from the predecessor when it runs on another
+    /// node (else empty).
+    pub recv: Vec<Box<dyn crate::transport::RecvEnd>>,
+    /// The transports of the outgoing and incoming hop, where they leave
+    /// the node.
+    pub transports: (Option<&'static str>, Option<&'static str>),
+    /// Where this rank's ends ring when something arrives (sleep on it).
+    pub bell: Arc<dyn Bell>,
+}
+
+impl std::fmt::Debug for NodeLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeLinks")
+            .field("peers", &self.peers)
+            .field("order", &self.order)
+            .field("send", &self.send.len())
+            .field("recv", &self.recv.len())
+            .field("transports", &self.transports)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connects `channels` channels of this rank's ring hops that leave its
+/// node (`node`), with the first of `transports` that reaches each,
+/// in the communicator's three phases; hops inside a node are left to the
+/// caller. Every rank of the job calls it (it meets the others at store
+/// barriers, under the `nodes/` keys) with the same `channels` and
+/// `geometry`; nothing waits past `deadline`.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_between_nodes(
+    store: &dyn Store,
+    token: &str,
+    rank: Rank,
+    world: u32,
+    node: &str,
+    channels: u8,
+    geometry: FifoGeometry,
+    deadline: Instant,
+    transports: &mut [Box<dyn Transport>],
+) -> Result<NodeLinks> {
+    if world == 0 || rank.0 >= world {
+        return Err(Error::BadConfig(format!("rank {rank} of {world} ranks")));
+    }
+    let mut published = BTreeMap::new();
+    for t in transports.iter_mut() {
+        if let Some(v) = t.publish(token, rank)? {
+            published.insert(t.name().to_owned(), v);
+        }
+    }
+    let bell = transports
+        .iter_mut()
+        .filter(|t| published.contains_key(t.name()))
+        .find_map(|t| t.bell())
+        .unwrap_or_else(|| Arc::new(LocalBell::new()));
+    let me = PeerInfo {
+        rank: rank.0,
+        node: node.to_owned(),
+        pid: std::process::id(),
+        transports: published,
+    };
+    let mine = serde_json::to_vec(&me).map_err(|e| Error::Internal(e.to_string()))?;
+    let peers = gather(store, "nodes/peer", (rank, &mine), world, deadline)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| {
+            let p: PeerInfo = serde_json::from_slice(&v).map_err(|e| Error::Store {
+                call: "get",
+                key: format!("nodes/peer/{r}"),
+                source: e.into(),
+            })?;
+            if p.rank as usize != r {
+                return Err(Error::BadConfig(format!(
+                    "store key nodes/peer/{r} holds rank {}'s info",
+                    p.rank
+                )));
+            }
+            Ok(p)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let order = RingOrderOf::by_node(&peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>());
+    let (next, prev) = (order.next(rank), order.prev(rank));
+    let remote =
+        |other: Rank| world > 1 && peers.get(other.0 as usize).is_some_and(|p| p.node != node);
+    let t_out = remote(next)
+        .then(|| pick(transports, &peers, rank, next))
+        .transpose()?;
+    let t_in = remote(prev)
+        .then(|| pick(transports, &peers, prev, rank))
+        .transpose()?;
+    let job = Job {
+        token,
+        rank,
+        world,
+        geometry,
+        deadline,
+        peers: &peers,
+        bell: &bell,
+        store,
+    };
+    if let Some(t) = t_in {
+        for c in 0..channels {
+            let hop = Hop {
+                channel: ChannelId(c),
+                sender: prev,
+                receiver: rank,
+            };
+            nth(transports, t)?.listen(&job, hop)?;
+        }
+    }
+    barrier(store, "nodes/listen", world, deadline)?;
+    let mut send = Vec::new();
+    if let Some(t) = t_out {
+        for c in 0..channels {
+            let hop = Hop {
+                channel: ChannelId(c),
+                sender: rank,
+                receiver: next,
+            };
+            send.push(nth(transports, t)?.connect(&job, hop)?);
+        }
+    }
+    let mut recv = Vec::new();
+    if let Some(t) = t_in {
+        for c in 0..channels {
+            let hop = Hop {
+                channel: ChannelId(c),
+                sender: prev,
+                receiver: rank,
+            };
+            recv.push(nth(transports, t)?.accept(&job, hop)?);
+        }
+    }
+    barrier(store, "nodes/connected", world, deadline)?;
+    let name = |t: Option<usize>| t.and_then(|t| transports.get(t)).map(|t| t.name());
+    Ok(NodeLinks {
+        transports: (name(t_out), name(t_in)),
+        peers,
+        order,
+        send,
+        recv,
+        bell,
+    })
+}

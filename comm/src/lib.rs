@@ -62,6 +62,7 @@ mod work;
 
 pub use bell::{BellWords, LocalBell};
 pub use comm::{resolve, Communicator, Group, Transports};
+pub use connect::{connect_between_nodes, NodeLinks};
 pub use element::Element;
 pub use error::{BoxError, Error, Result};
 pub use options::Options;

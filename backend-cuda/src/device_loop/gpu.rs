@@ -120,6 +120,11 @@ impl HostMapped {
         Ok(m)
     }
 
+    /// The host address of the first word.
+    pub(crate) fn host_addr(&self) -> usize {
+        self.host as usize
+    }
+
     /// The device address of word `i` (0 past the end: never used).
     pub(crate) fn dev_word(&self, i: u64) -> u64 {
         if i < self.words as u64 {

@@ -67,6 +67,7 @@
 pub mod abi;
 pub(crate) mod gpu;
 pub mod peers;
+pub mod proxy;
 pub mod rank;
 
 use std::time::Duration;

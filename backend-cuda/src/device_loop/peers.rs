@@ -23,7 +23,10 @@ use ringcc_comm::store::{Store, ABORT_KEY};
 use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::Rank;
 
+use ringcc_comm::transport::Transport;
+
 use super::abi::RcChan;
+use super::proxy::{PlanShape, Proxy, Region};
 use crate::error::{Error, Result};
 use crate::ipc::memory::{ExportedMemory, ImportedMemory, IpcHandle};
 
@@ -110,6 +113,74 @@ impl RegionLayout {
     pub fn state(&self, c: u8) -> u64 {
         self.flags(c) + STATE
     }
+
+    /// The channel table of a rank whose memory starts at `own`, with
+    /// each neighbour's memory either mapped (inside the node) or a
+    /// staging [`Region`](super::proxy::Region) its proxy serves (on
+    /// another node). A staged successor's words all live in its region —
+    /// the FIFO, `tail` and call words the loop writes and the `head` the
+    /// proxy returns credit into —, and so do a staged predecessor's.
+    pub fn table_with(&self, own: u64, prev: Neighbour, next: Neighbour) -> Vec<RcChan> {
+        let (pb, nb) = (prev.base(), next.base());
+        let mut t = self.table(own, pb, nb);
+        for (c, ch) in (0..self.channels).zip(t.iter_mut()) {
+            let f = self.flags(c);
+            if let Neighbour::Staged(r) = prev {
+                ch.recv_tail = r + f + TAIL;
+                ch.recv_call = r + f + CALL;
+                ch.recv_head = r + f + HEAD;
+                ch.recv_fifo = r + self.fifo(c);
+            }
+            if let Neighbour::Staged(r) = next {
+                ch.send_head = r + f + HEAD;
+            }
+        }
+        t
+    }
+
+    /// Channels of the layout.
+    pub fn channels(&self) -> u8 {
+        self.channels
+    }
+
+    /// Byte offset of channel `c`'s `tail` word.
+    pub fn tail_offset(&self, c: u8) -> u64 {
+        self.flags(c) + TAIL
+    }
+
+    /// Byte offset of channel `c`'s three call words.
+    pub fn call_offset(&self, c: u8) -> u64 {
+        self.flags(c) + CALL
+    }
+
+    /// Byte offset of channel `c`'s `head` word.
+    pub fn head_offset(&self, c: u8) -> u64 {
+        self.flags(c) + HEAD
+    }
+
+    /// Byte offset of channel `c`'s FIFO.
+    pub fn fifo_offset(&self, c: u8) -> u64 {
+        self.fifo(c)
+    }
+}
+
+/// Where a rank's loop reaches a ring neighbour (addresses as the loop
+/// sees them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Neighbour {
+    /// The neighbour's own loop memory, mapped (CUDA IPC; or this rank's
+    /// own memory in a ring of one).
+    Mapped(u64),
+    /// A staging region in host memory that this rank's proxy serves.
+    Staged(u64),
+}
+
+impl Neighbour {
+    fn base(self) -> u64 {
+        match self {
+            Neighbour::Mapped(b) | Neighbour::Staged(b) => b,
+        }
+    }
 }
 
 /// This rank's exported loop memory and its neighbours', mapped (fake
@@ -117,10 +188,40 @@ impl RegionLayout {
 #[derive(Debug)]
 pub struct LoopPeers {
     layout: RegionLayout,
+    // The proxy (and its staging regions) stops before the memories go.
+    proxy: Option<Proxy>,
     own: ExportedMemory,
     prev: Option<ImportedMemory>,
     next: Option<ImportedMemory>,
     table: Vec<RcChan>,
+}
+
+/// How a job's ranks on several nodes reach each other's loops: the hops
+/// inside a node over (fake) CUDA IPC, the hops between nodes staged
+/// through host memory by each rank's [`Proxy`] over `transports`.
+pub struct NodeNet {
+    /// The job token (the transports' hellos).
+    pub token: String,
+    /// This rank's node (`RINGCC_NODE`, else the host name).
+    pub node: String,
+    /// The transports for hops between nodes, in preference order.
+    pub transports: Vec<Box<dyn Transport>>,
+    /// The chunk size of every call's plan (the proxy cuts slices from
+    /// it).
+    pub chunk_bytes: u64,
+}
+
+impl std::fmt::Debug for NodeNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeNet")
+            .field("node", &self.node)
+            .field(
+                "transports",
+                &self.transports.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            )
+            .field("chunk_bytes", &self.chunk_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 fn key(rank: Rank) -> String {
@@ -171,6 +272,24 @@ impl LoopPeers {
         geometry: FifoGeometry,
         deadline: Instant,
     ) -> Result<LoopPeers> {
+        Self::connect_nodes(store, rank, world, channels, geometry, deadline, None)
+    }
+
+    /// [`connect`](LoopPeers::connect) for a job on several nodes: the
+    /// neighbours on this rank's node are imported as there, a neighbour
+    /// on another node is reached through a staging region that this
+    /// rank's [`Proxy`] serves over `net`'s transports (every rank of the
+    /// job calls this with `net` given). The loop's ring is in rank order,
+    /// so a node's ranks must be consecutive (as launchers number them).
+    pub fn connect_nodes(
+        store: &dyn Store,
+        rank: Rank,
+        world: u32,
+        channels: u8,
+        geometry: FifoGeometry,
+        deadline: Instant,
+        net: Option<NodeNet>,
+    ) -> Result<LoopPeers> {
         if world == 0 || rank.0 >= world {
             return Err(Error::RankOutOfRange { rank, ranks: world });
         }
@@ -196,22 +315,96 @@ impl LoopPeers {
                 .map(Some)
                 .map_err(Error::comm("import a neighbour's loop memory"))
         };
-        let prev = import(Rank((rank.0 + world - 1) % world))?;
-        let next = import(Rank((rank.0 + 1) % world))?;
-        let base = |m: &Option<ImportedMemory>| {
-            m.as_ref()
-                .map_or(own.mapping().base(), |m| m.mapping().base())
-                .as_ptr() as u64
+        let (prev_rank, next_rank) = (
+            Rank((rank.0 + world - 1) % world),
+            Rank((rank.0 + 1) % world),
+        );
+        let Some(mut net) = net else {
+            let prev = import(prev_rank)?;
+            let next = import(next_rank)?;
+            let base = |m: &Option<ImportedMemory>| {
+                m.as_ref()
+                    .map_or(own.mapping().base(), |m| m.mapping().base())
+                    .as_ptr() as u64
+            };
+            let own_base = own.mapping().base().as_ptr() as u64;
+            let table = layout.table(own_base, base(&prev), base(&next));
+            return Ok(LoopPeers {
+                layout,
+                proxy: None,
+                own,
+                prev,
+                next,
+                table,
+            });
         };
+        let links = ringcc_comm::connect_between_nodes(
+            store,
+            &net.token,
+            rank,
+            world,
+            &net.node,
+            channels,
+            geometry,
+            deadline,
+            &mut net.transports,
+        )
+        .map_err(Error::comm("connect_between_nodes"))?;
+        if links.order.ranks_in_order().iter().copied().ne(0..world) {
+            return Err(Error::BadConfig {
+                what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
+            });
+        }
         let own_base = own.mapping().base().as_ptr() as u64;
-        let table = layout.table(own_base, base(&prev), base(&next));
+        let region = || Region::host(layout.total());
+        let (prev, inc) = if links.recv.is_empty() {
+            (import(prev_rank)?, None)
+        } else {
+            (None, Some(region()?))
+        };
+        let (next, out) = if links.send.is_empty() {
+            (import(next_rank)?, None)
+        } else {
+            (None, Some(region()?))
+        };
+        let neighbour = |m: &Option<ImportedMemory>, r: &Option<Region>| match (m, r) {
+            (_, Some(r)) => Neighbour::Staged(r.addr()),
+            (Some(m), None) => Neighbour::Mapped(m.mapping().base().as_ptr() as u64),
+            (None, None) => Neighbour::Mapped(own_base),
+        };
+        let table = layout.table_with(own_base, neighbour(&prev, &inc), neighbour(&next, &out));
+        let proxy = if out.is_some() || inc.is_some() {
+            let shape = PlanShape {
+                ranks: world,
+                channels: u32::from(channels),
+                chunk_bytes: net.chunk_bytes,
+                geometry,
+            };
+            Some(Proxy::start(
+                rank,
+                prev_rank,
+                shape,
+                layout,
+                (out, links.send),
+                (inc, links.recv),
+                links.bell,
+            )?)
+        } else {
+            None
+        };
         Ok(LoopPeers {
             layout,
+            proxy,
             own,
             prev,
             next,
             table,
         })
+    }
+
+    /// The proxy serving this rank's hops to other nodes, if any.
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
     }
 
     /// The channel table (host addresses of the three memories).

@@ -26,7 +26,8 @@ use ringcc_core::{Call, ChannelId, Collective, InOrderRing, Rank, ReduceOp};
 
 use super::abi::{self, RcStatus};
 use super::gpu::{loop_ptx, HostMapped, MIN_ARCH};
-use super::peers::{wait_key, RegionLayout};
+use super::peers::{wait_key, Neighbour, NodeNet, RegionLayout};
+use super::proxy::{PlanShape, Proxy, Region};
 use crate::config::Config;
 use crate::device::cuda::DeviceAlloc;
 use crate::driver;
@@ -48,6 +49,11 @@ fn key(rank: Rank) -> String {
 /// One rank of a job of processes, on one GPU. See the module
 /// documentation.
 pub struct GpuRank {
+    // Stopped first (after `Drop` synchronized the kernels): it raises the
+    // abort word in `host` and serves the staging regions the table names.
+    proxy: Option<Proxy>,
+    /// How the hops between nodes travel (for the banner and `Debug`).
+    between_nodes: Option<&'static str>,
     rank: Rank,
     world: u32,
     config: Config,
@@ -80,6 +86,8 @@ impl std::fmt::Debug for GpuRank {
             .field("channels", &self.config.channels)
             .field("seq", &self.seq)
             .field("poisoned", &self.poisoned)
+            .field("between_nodes", &self.between_nodes)
+            .field("proxy", &self.proxy)
             .finish_non_exhaustive()
     }
 }
@@ -110,6 +118,24 @@ impl GpuRank {
         world: u32,
         store: Arc<dyn Store>,
         config: Config,
+    ) -> Result<GpuRank> {
+        Self::init_on_nodes(ordinal, rank, world, store, config, None)
+    }
+
+    /// [`init`](GpuRank::init) for a job on several nodes (every rank
+    /// calls it with `net`): the neighbours on this rank's node over CUDA
+    /// IPC as there, a neighbour on another node through staging regions
+    /// of pinned host memory that the loop reads and writes over PCIe and
+    /// this rank's [`Proxy`] serves over `net`'s transports (TCP, RDMA).
+    /// GPUDirect RDMA (the NIC reading device memory) is not used: the
+    /// banner says "staged". A node's ranks must be consecutive.
+    pub fn init_on_nodes(
+        ordinal: usize,
+        rank: Rank,
+        world: u32,
+        store: Arc<dyn Store>,
+        config: Config,
+        net: Option<NodeNet>,
     ) -> Result<GpuRank> {
         config.validate()?;
         if world == 0 || rank.0 >= world {
@@ -147,10 +173,52 @@ impl GpuRank {
             })?;
             CudaImport::open(&ctx, &h, layout.total()).map(Some)
         };
-        let prev = import(Rank((rank.0 + world - 1) % world))?;
-        let next = import(Rank((rank.0 + 1) % world))?;
-        let base = |m: &Option<CudaImport>| m.as_ref().map_or(own.ptr(), CudaImport::ptr);
-        let chans = layout.table(own.ptr(), base(&prev), base(&next));
+        let (prev_rank, next_rank) = (
+            Rank((rank.0 + world - 1) % world),
+            Rank((rank.0 + 1) % world),
+        );
+        let links = match net {
+            Some(mut net) => {
+                let links = ringcc_comm::connect_between_nodes(
+                    &*store,
+                    &net.token,
+                    rank,
+                    world,
+                    &net.node,
+                    config.channels,
+                    config.geometry,
+                    deadline,
+                    &mut net.transports,
+                )
+                .map_err(Error::comm("connect_between_nodes"))?;
+                if links.order.ranks_in_order().iter().copied().ne(0..world) {
+                    return Err(Error::BadConfig {
+                        what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
+                    });
+                }
+                Some(links)
+            }
+            None => None,
+        };
+        let staged_in = links.as_ref().is_some_and(|l| !l.recv.is_empty());
+        let staged_out = links.as_ref().is_some_and(|l| !l.send.is_empty());
+        let region = || Region::pinned(&ctx, layout.total());
+        let (prev, inc) = if staged_in {
+            (None, Some(region()?))
+        } else {
+            (import(prev_rank)?, None)
+        };
+        let (next, out) = if staged_out {
+            (None, Some(region()?))
+        } else {
+            (import(next_rank)?, None)
+        };
+        let neighbour = |m: &Option<CudaImport>, r: &Option<Region>| match (m, r) {
+            (_, Some(r)) => Neighbour::Staged(r.addr()),
+            (Some(m), None) => Neighbour::Mapped(m.ptr()),
+            (None, None) => Neighbour::Mapped(own.ptr()),
+        };
+        let chans = layout.table_with(own.ptr(), neighbour(&prev, &inc), neighbour(&next, &out));
         let bytes = std::mem::size_of_val(chans.as_slice()) as u64;
         let table = DeviceAlloc::zeroed(&ctx, bytes)?;
         // SAFETY: `table` holds `bytes` bytes; `chans` is that many bytes
@@ -161,14 +229,50 @@ impl GpuRank {
             &ctx,
             (LINE_WORDS + u64::from(config.channels) * STATUS_WORDS) as usize,
         )?;
-        tracing::info!(
-            rank = rank.0,
-            world,
-            ordinal,
-            channels = config.channels,
-            "ringcc-cuda: GPU rank on the device loop, CUDA IPC to its neighbours"
-        );
+        let between_nodes = links
+            .as_ref()
+            .and_then(|l| l.transports.0.or(l.transports.1));
+        let proxy = match links {
+            Some(l) if staged_in || staged_out => {
+                let shape = PlanShape {
+                    ranks: world,
+                    channels: u32::from(config.channels),
+                    chunk_bytes: config.chunk_bytes,
+                    geometry: config.geometry,
+                };
+                Some(Proxy::spawn(
+                    rank,
+                    prev_rank,
+                    shape,
+                    layout,
+                    (out, l.send),
+                    (inc, l.recv),
+                    l.bell,
+                    Some(host.host_addr()),
+                )?)
+            }
+            _ => None,
+        };
+        match between_nodes {
+            Some(t) => tracing::info!(
+                rank = rank.0,
+                world,
+                ordinal,
+                channels = config.channels,
+                "ringcc-cuda: GPU rank on the device loop, CUDA IPC inside the node, \
+                 {t} between nodes staged through pinned host memory (no GPUDirect RDMA)"
+            ),
+            None => tracing::info!(
+                rank = rank.0,
+                world,
+                ordinal,
+                channels = config.channels,
+                "ringcc-cuda: GPU rank on the device loop, CUDA IPC to its neighbours"
+            ),
+        }
         Ok(GpuRank {
+            proxy,
+            between_nodes,
             rank,
             world,
             config,
@@ -471,6 +575,13 @@ impl GpuRank {
                 }),
                 None => Ok(()),
             });
+        // A loop stopped by its proxy: the proxy's failure is the cause.
+        let r = match (r, self.proxy.as_ref().and_then(Proxy::failure)) {
+            (Err(_), Some(f)) => Err(Error::Poisoned {
+                cause: format!("the network proxy failed: {f}"),
+            }),
+            (r, _) => r,
+        };
         if let Err(e) = &r {
             self.poisoned.get_or_insert_with(|| e.to_string());
         }

@@ -1,0 +1,729 @@
+//! The device loop's network proxy: ring hops between nodes, staged
+//! through host memory.
+//!
+//! Inside a node a rank's loop writes its successor's FIFO directly
+//! (CUDA IPC). A successor on another node has no memory the loop can
+//! reach, so, as NCCL's proxy thread does without GPUDirect RDMA, the hop
+//! goes through **host memory both ends can see**: the loop's channel
+//! table points the outgoing FIFO, `tail` and call words into a
+//! [`Region`] of host memory (pinned and mapped into the device on a GPU),
+//! and the host's proxy thread ships each slice the loop publishes there
+//! over the hop's transport (TCP or RDMA, the communicator's
+//! [`SendEnd`]), and returns the successor's credit into the region's
+//! `head`, where the loop waits for it. On the receiving node the proxy
+//! copies each arriving slice into the loop's incoming region and
+//! publishes the call words and `tail` after it; the loop's `head` there
+//! goes back to the sender as credit. The device is never stalled on a
+//! copy: it reads and writes the pinned regions over PCIe while the proxy
+//! moves the previous slices (the FIFO's eight steps are the overlap).
+//!
+//! The proxy knows each slice's length from the call itself, as NCCL's
+//! proxy knows its steps: the call words the loop wrote (or the call
+//! header that arrived) name the call, and [`SendSizes`] walks the core's
+//! plan for the sending rank and channel, cut into slices exactly as the
+//! core's `Machine` (and the generated loop) cut them.
+//!
+//! A transport failure (a dead peer, a malformed frame) stops the proxy
+//! and raises its abort word, which the loop polls: the rank's blocks end
+//! with an abort status at once rather than at their timeout.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ringcc_comm::transport::{Bell, RecvEnd, SendEnd};
+use ringcc_core::fifo::{slot_of, FifoGeometry};
+use ringcc_core::plan::Steps;
+use ringcc_core::prim::{Primitive, SlotSpan};
+use ringcc_core::progress::Event;
+use ringcc_core::wire::call_header::CallHeaderRepr;
+use ringcc_core::{Call, CallDesc, ChannelId, InOrderRing, Protocol, Rank};
+
+use super::abi::{pack_desc, unpack_desc};
+use super::peers::RegionLayout;
+use crate::error::{Error, Result};
+
+/// What every rank's plans are made with (the loop's launch arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanShape {
+    /// Ranks of the job.
+    pub ranks: u32,
+    /// Channels every call runs on.
+    pub channels: u32,
+    /// The plans' chunk size.
+    pub chunk_bytes: u64,
+    /// The FIFO of every connection.
+    pub geometry: FifoGeometry,
+}
+
+/// The byte lengths of the slices `sender` sends on `channel` in one call,
+/// in order: per step whose primitive sends, `max(1, ⌈count / slice⌉)`
+/// slices of at most a FIFO slice each (an empty step sends one empty
+/// slice), as the core's `Machine` cuts them.
+#[derive(Debug)]
+pub struct SendSizes {
+    steps: Steps<InOrderRing>,
+    elem: u64,
+    slice_elems: u64,
+    count: u64,
+    slice: u64,
+    slices: u64,
+}
+
+impl SendSizes {
+    /// The slices of `desc` sent by `sender` on `channel`.
+    pub fn new(
+        desc: &CallDesc,
+        shape: &PlanShape,
+        channel: ChannelId,
+        sender: Rank,
+    ) -> Result<SendSizes> {
+        let plan = Call::from(*desc)
+            .plan(shape.ranks, shape.channels, shape.chunk_bytes)
+            .map_err(Error::core("Plan::new"))?;
+        let steps = plan
+            .steps(channel, sender, InOrderRing { ranks: shape.ranks })
+            .map_err(Error::core("Plan::steps"))?;
+        let elem = u64::from(desc.dtype.size());
+        Ok(SendSizes {
+            steps,
+            elem,
+            slice_elems: shape.geometry.slice_bytes() / elem,
+            count: 0,
+            slice: 0,
+            slices: 0,
+        })
+    }
+}
+
+impl Iterator for SendSizes {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        while self.slice >= self.slices {
+            let step = self.steps.next()?;
+            if !step.primitive.contains(Primitive::SEND) {
+                continue;
+            }
+            self.count = step.count;
+            self.slices = step.count.div_ceil(self.slice_elems.max(1)).max(1);
+            self.slice = 0;
+        }
+        let lo = (self.slice * self.slice_elems).min(self.count);
+        let hi = (lo + self.slice_elems).min(self.count);
+        self.slice += 1;
+        usize::try_from((hi - lo) * self.elem).ok()
+    }
+}
+
+/// Host memory laid out as a rank's loop memory ([`RegionLayout`]) that a
+/// hop between nodes is staged through; the loop reaches it at
+/// [`addr`](Region::addr), the proxy at its host address.
+pub struct Region {
+    host: usize,
+    addr: u64,
+    len: u64,
+    _mem: RegionMem,
+}
+
+enum RegionMem {
+    /// Host memory the host-emulated loop uses directly.
+    Host(#[allow(dead_code)] Box<[u128]>),
+    /// Pinned host memory mapped into a GPU.
+    #[allow(dead_code)]
+    Pinned(super::gpu::HostMapped),
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Region {
+    /// `len` zeroed bytes of host memory that the loop reaches at the same
+    /// address (the host fake device).
+    pub fn host(len: u64) -> Result<Region> {
+        let words = usize::try_from(len.div_ceil(16))
+            .map_err(|_| Error::BadConfig {
+                what: "a staging region beyond memory",
+            })?
+            .max(1);
+        let mem: Box<[u128]> = vec![0u128; words].into_boxed_slice();
+        let host = mem.as_ptr() as usize;
+        Ok(Region {
+            host,
+            addr: host as u64,
+            len,
+            _mem: RegionMem::Host(mem),
+        })
+    }
+
+    /// `len` zeroed bytes of pinned host memory mapped into `ctx`'s device.
+    pub(crate) fn pinned(ctx: &Arc<cudarc::driver::CudaContext>, len: u64) -> Result<Region> {
+        let words = usize::try_from(len.div_ceil(8)).map_err(|_| Error::BadConfig {
+            what: "a staging region beyond memory",
+        })?;
+        let m = super::gpu::HostMapped::zeroed(ctx, words)?;
+        Ok(Region {
+            host: m.host_addr(),
+            addr: m.dev_word(0),
+            len,
+            _mem: RegionMem::Pinned(m),
+        })
+    }
+
+    /// Where the loop reaches it.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    fn view(&self) -> View {
+        View {
+            host: self.host,
+            len: self.len,
+        }
+    }
+}
+
+/// A region as the proxy thread sees it (the region outlives the thread:
+/// [`Proxy`] joins it before its regions drop).
+#[derive(Clone, Copy)]
+struct View {
+    host: usize,
+    len: u64,
+}
+
+impl View {
+    fn word(&self, off: u64) -> Result<&AtomicU64> {
+        if !off.is_multiple_of(8) || off.checked_add(8).is_none_or(|e| e > self.len) {
+            return Err(Error::BadConfig {
+                what: "a region word out of bounds",
+            });
+        }
+        // SAFETY: in bounds and 8-aligned (the region is 16-aligned); the
+        // loop and the proxy access these words only atomically; the
+        // memory lives as long as the proxy thread (see `View`).
+        Ok(unsafe { &*((self.host + off as usize) as *const AtomicU64) })
+    }
+
+    fn bytes(&self, off: u64, len: usize) -> Result<&[u8]> {
+        if off.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(Error::BadConfig {
+                what: "a slice beyond its staging region",
+            });
+        }
+        // SAFETY: in bounds; the loop wrote these bytes before it released
+        // the tail the proxy acquired, and writes them again only after
+        // the credit the proxy forwards once the slice is shipped.
+        Ok(unsafe { std::slice::from_raw_parts((self.host + off as usize) as *const u8, len) })
+    }
+
+    /// Copies `src` to byte `off` of the region.
+    fn write(&self, off: u64, src: &[u8]) -> Result<()> {
+        if off
+            .checked_add(src.len() as u64)
+            .is_none_or(|e| e > self.len)
+        {
+            return Err(Error::BadConfig {
+                what: "a slice beyond its staging region",
+            });
+        }
+        // SAFETY: in bounds; `src` is another allocation (a transport's
+        // slot); the loop reads these bytes only after the tail the proxy
+        // releases once they are written, and the sender reuses the slot
+        // only after the loop's credit.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                (self.host + off as usize) as *mut u8,
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+}
+
+/// One outgoing hop's channel: the loop's slices leave from the region.
+struct Outgoing {
+    c: u8,
+    end: Box<dyn SendEnd>,
+    shipped: u64,
+    /// The call being shipped and its remaining slices.
+    call: Option<(CallDesc, SendSizes)>,
+}
+
+/// One incoming hop's channel: the predecessor's slices land in the
+/// region.
+struct Incoming {
+    c: u8,
+    end: Box<dyn RecvEnd>,
+    tail: u64,
+    copied: u64,
+    credited: u64,
+    /// Headers not yet reached by the copy, in step order.
+    headers: std::collections::VecDeque<(u64, CallDesc)>,
+    call: Option<SendSizes>,
+}
+
+/// What the proxy thread works on.
+struct Work {
+    me: Rank,
+    prev: Rank,
+    shape: PlanShape,
+    layout: RegionLayout,
+    out: Option<View>,
+    inc: Option<View>,
+    outgoing: Vec<Outgoing>,
+    incoming: Vec<Incoming>,
+}
+
+/// The proxy of one rank: a thread moving its hops between nodes. See
+/// the module documentation.
+pub struct Proxy {
+    stop: Arc<AtomicBool>,
+    abort: Arc<AtomicU64>,
+    failure: Arc<Mutex<Option<String>>>,
+    thread: Option<JoinHandle<()>>,
+    // After the thread (joined in `Drop`): the memory it works on.
+    out: Option<Region>,
+    inc: Option<Region>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("out", &self.out)
+            .field("inc", &self.inc)
+            .field("failure", &self.failure())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Polls without news before the thread yields, and before it sleeps.
+const SPIN: u32 = 64;
+const YIELD: u32 = 512;
+/// The longest a sleep lasts (network news rings the bell sooner).
+const NAP: Duration = Duration::from_micros(50);
+
+impl Proxy {
+    /// Starts the proxy of rank `me` (predecessor `prev`): `send` holds a
+    /// sending end per channel when the successor is on another node
+    /// (its slices are staged in `out`), `recv` a receiving end per
+    /// channel when the predecessor is (its slices land in `inc`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        me: Rank,
+        prev: Rank,
+        shape: PlanShape,
+        layout: RegionLayout,
+        (out, send): (Option<Region>, Vec<Box<dyn SendEnd>>),
+        (inc, recv): (Option<Region>, Vec<Box<dyn RecvEnd>>),
+        bell: Arc<dyn Bell>,
+    ) -> Result<Proxy> {
+        Self::spawn(
+            me,
+            prev,
+            shape,
+            layout,
+            (out, send),
+            (inc, recv),
+            bell,
+            None,
+        )
+    }
+
+    /// [`start`](Proxy::start), also raising the word at host address
+    /// `abort_also` on failure (a GPU rank's abort word in pinned memory,
+    /// which must outlive the proxy).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn spawn(
+        me: Rank,
+        prev: Rank,
+        shape: PlanShape,
+        layout: RegionLayout,
+        (out, send): (Option<Region>, Vec<Box<dyn SendEnd>>),
+        (inc, recv): (Option<Region>, Vec<Box<dyn RecvEnd>>),
+        bell: Arc<dyn Bell>,
+        abort_also: Option<usize>,
+    ) -> Result<Proxy> {
+        for (region, ends) in [(&out, send.len()), (&inc, recv.len())] {
+            let fits = region.as_ref().is_some_and(|r| r.len >= layout.total());
+            if ends != 0 && (!fits || ends != usize::from(layout.channels())) {
+                return Err(Error::BadConfig {
+                    what: "a proxied hop needs a staging region and an end per channel",
+                });
+            }
+        }
+        let work = Work {
+            me,
+            prev,
+            shape,
+            layout,
+            out: out.as_ref().map(Region::view),
+            inc: inc.as_ref().map(Region::view),
+            outgoing: send
+                .into_iter()
+                .enumerate()
+                .map(|(c, end)| Outgoing {
+                    c: c as u8,
+                    end,
+                    shipped: 0,
+                    call: None,
+                })
+                .collect(),
+            incoming: recv
+                .into_iter()
+                .enumerate()
+                .map(|(c, end)| Incoming {
+                    c: c as u8,
+                    end,
+                    tail: 0,
+                    copied: 0,
+                    credited: 0,
+                    headers: Default::default(),
+                    call: None,
+                })
+                .collect(),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let abort = Arc::new(AtomicU64::new(0));
+        let failure = Arc::new(Mutex::new(None));
+        let thread = {
+            let (stop, abort, failure) = (stop.clone(), abort.clone(), failure.clone());
+            std::thread::Builder::new()
+                .name(format!("ringcc-proxy-{}", me.0))
+                .spawn(move || {
+                    if let Err(e) = work.run(&stop, &*bell) {
+                        if let Ok(mut f) = failure.lock() {
+                            *f = Some(e.to_string());
+                        }
+                        abort.store(1, Ordering::Release);
+                        if let Some(a) = abort_also {
+                            // SAFETY: the caller's word (8-aligned host
+                            // memory that outlives the proxy, accessed
+                            // atomically by everyone).
+                            unsafe { &*(a as *const AtomicU64) }.store(1, Ordering::Release);
+                        }
+                    }
+                })
+                .map_err(|_| Error::BadConfig {
+                    what: "no thread for the network proxy",
+                })?
+        };
+        Ok(Proxy {
+            stop,
+            abort,
+            failure,
+            thread: Some(thread),
+            out,
+            inc,
+        })
+    }
+
+    /// The word the proxy raises (to 1) when it fails: the loop's abort
+    /// word where the loop should stop at once.
+    pub fn abort_word(&self) -> &AtomicU64 {
+        &self.abort
+    }
+
+    /// Why the proxy stopped, if it failed.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Work {
+    fn run(mut self, stop: &AtomicBool, bell: &dyn Bell) -> Result<()> {
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Acquire) {
+            let mut busy = false;
+            for k in 0..self.outgoing.len() {
+                busy |= self.ship(k)?;
+            }
+            for k in 0..self.incoming.len() {
+                busy |= self.land(k)?;
+            }
+            if busy {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle < SPIN {
+                std::hint::spin_loop();
+            } else if idle < YIELD {
+                std::thread::yield_now();
+            } else {
+                // The loop's counters ring no bell: nap briefly; a
+                // transport's reader rings it when the network has news.
+                let ticket = bell.arm();
+                bell.sleep(ticket, NAP);
+                bell.disarm();
+            }
+        }
+        Ok(())
+    }
+
+    /// Outgoing channel `k`: credit in, published slices out.
+    fn ship(&mut self, k: usize) -> Result<bool> {
+        let (Some(region), Some(o)) = (self.out, self.outgoing.get_mut(k)) else {
+            return Ok(false);
+        };
+        let layout = self.layout;
+        let mut busy = false;
+        while let Some(ev) = o.end.poll().map_err(Error::comm("SendEnd::poll"))? {
+            if let Event::Head(h) = ev {
+                region
+                    .word(layout.head_offset(o.c))?
+                    .fetch_max(h, Ordering::AcqRel);
+                busy = true;
+            }
+        }
+        let tail = region
+            .word(layout.tail_offset(o.c))?
+            .load(Ordering::Acquire);
+        let sps = self.shape.geometry.slots_per_slice();
+        let slot_bytes = self.shape.geometry.slot_bytes();
+        while o.shipped + sps <= tail {
+            let mut header = None;
+            let next = match o.call.as_mut().and_then(|(_, s)| s.next()) {
+                Some(b) => b,
+                None => {
+                    // A new call: its words were written before this tail.
+                    let w = |i: u64| -> Result<u64> {
+                        Ok(region
+                            .word(layout.call_offset(o.c) + 8 * i)?
+                            .load(Ordering::Acquire))
+                    };
+                    let desc = unpack_desc(w(0)?, w(1)?, w(2)?).ok_or(Error::BadConfig {
+                        what: "the loop's call words name no call",
+                    })?;
+                    let mut sizes = SendSizes::new(&desc, &self.shape, ChannelId(o.c), self.me)?;
+                    let first = sizes.next().ok_or(Error::BadConfig {
+                        what: "a slice published beyond the call's plan",
+                    })?;
+                    header = Some(
+                        CallHeaderRepr {
+                            desc,
+                            step: o.shipped as u32,
+                        }
+                        .to_bytes(),
+                    );
+                    o.end.begin(Protocol::Simple);
+                    o.call = Some((desc, sizes));
+                    first
+                }
+            };
+            let seq = o.call.as_ref().map_or(0, |(d, _)| d.seq);
+            let at = layout.fifo_offset(o.c) + slot_of(o.shipped).0 as u64 * slot_bytes;
+            let data = region.bytes(at, next)?;
+            let span = SlotSpan {
+                step: o.shipped,
+                slots: sps,
+            };
+            o.end
+                .post_from(seq, span, header.as_ref(), data, slot_bytes as usize)
+                .map_err(Error::comm("SendEnd::post_from"))?;
+            o.shipped += sps;
+            busy = true;
+        }
+        Ok(busy)
+    }
+
+    /// Incoming channel `k`: arrivals copied into the region and
+    /// published, the loop's credit returned.
+    fn land(&mut self, k: usize) -> Result<bool> {
+        let (Some(region), Some(i)) = (self.inc, self.incoming.get_mut(k)) else {
+            return Ok(false);
+        };
+        let layout = self.layout;
+        let mut busy = false;
+        while let Some(ev) = i.end.poll().map_err(Error::comm("RecvEnd::poll"))? {
+            match ev {
+                Event::Header { step, desc } => i.headers.push_back((step, desc)),
+                Event::Tail(t) => i.tail = i.tail.max(t),
+                _ => {}
+            }
+            busy = true;
+        }
+        let sps = self.shape.geometry.slots_per_slice();
+        let slot_bytes = self.shape.geometry.slot_bytes();
+        let start = i.copied;
+        while i.copied + sps <= i.tail {
+            let mut bytes = i.call.as_mut().and_then(Iterator::next);
+            if let Some(&(step, desc)) = i.headers.front() {
+                if step == i.copied {
+                    i.headers.pop_front();
+                    // The call words before the tail that covers them.
+                    let base = layout.call_offset(i.c);
+                    region.word(base)?.store(desc.seq, Ordering::Relaxed);
+                    region.word(base + 8)?.store(desc.count, Ordering::Relaxed);
+                    region
+                        .word(base + 16)?
+                        .store(pack_desc(&desc), Ordering::Relaxed);
+                    let mut sizes = SendSizes::new(&desc, &self.shape, ChannelId(i.c), self.prev)?;
+                    bytes = sizes.next();
+                    i.call = Some(sizes);
+                }
+            }
+            let Some(mut left) = bytes else {
+                return Err(Error::comm("the predecessor's slices")(
+                    ringcc_comm::Error::Protocol {
+                        transport: "proxy",
+                        peer: self.prev,
+                        channel: ChannelId(i.c),
+                        reason: format!("data at step {} beyond its call's plan", i.copied),
+                    },
+                ));
+            };
+            for s in 0..sps {
+                let len = left.min(slot_bytes as usize);
+                let slot = slot_of(i.copied + s);
+                if len > 0 {
+                    let from = i
+                        .end
+                        .slot(slot, len)
+                        .map_err(Error::comm("RecvEnd::slot"))?;
+                    let at = layout.fifo_offset(i.c) + slot.0 as u64 * slot_bytes;
+                    region.write(at, from)?;
+                }
+                left -= len;
+            }
+            i.copied += sps;
+        }
+        if i.copied != start {
+            region
+                .word(layout.tail_offset(i.c))?
+                .store(i.copied, Ordering::Release);
+            busy = true;
+        }
+        let head = region
+            .word(layout.head_offset(i.c))?
+            .load(Ordering::Acquire);
+        if head > i.credited {
+            if head > i.copied {
+                return Err(Error::BadConfig {
+                    what: "the loop's credit beyond what arrived",
+                });
+            }
+            i.end
+                .post_head(head)
+                .map_err(Error::comm("RecvEnd::post_head"))?;
+            i.credited = head;
+            busy = true;
+        }
+        Ok(busy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use ringcc_core::{DataType, ReduceOp};
+
+    /// The slices a rank receives on `channel`, cut from its own plan's
+    /// receiving steps as the core's `Machine` cuts them.
+    fn recv_sizes(desc: &CallDesc, shape: &PlanShape, channel: u8, rank: u32) -> Vec<usize> {
+        let plan = Call::from(*desc)
+            .plan(shape.ranks, shape.channels, shape.chunk_bytes)
+            .unwrap();
+        let elem = u64::from(desc.dtype.size());
+        let se = shape.geometry.slice_bytes() / elem;
+        let mut v = Vec::new();
+        let ring = InOrderRing { ranks: shape.ranks };
+        for s in plan.steps(ChannelId(channel), Rank(rank), ring).unwrap() {
+            if !s.primitive.contains(Primitive::RECV) {
+                continue;
+            }
+            let slices = s.count.div_ceil(se).max(1);
+            for k in 0..slices {
+                let lo = (k * se).min(s.count);
+                let hi = (lo + se).min(s.count);
+                v.push(((hi - lo) * elem) as usize);
+            }
+        }
+        v
+    }
+
+    proptest! {
+        /// What the sending proxy ships is what the receiving rank's plan
+        /// consumes, slice by slice, on every channel, and the bytes add
+        /// up to the sending steps' elements.
+        #[test]
+        fn send_sizes_match_the_successors_receives(
+            which in 0usize..5,
+            count in 0u64..5000,
+            ranks in 1u32..9,
+            channels in 1u32..4,
+            dtype in prop::sample::select(vec![DataType::I8, DataType::Bf16, DataType::F32, DataType::F64]),
+            slot_units in 1u64..8,
+            sps in prop::sample::select(vec![1u64, 2, 4]),
+            root in 0u32..8,
+        ) {
+            let root = Rank(root % ranks);
+            let collective = [
+                ringcc_core::Collective::AllReduce,
+                ringcc_core::Collective::ReduceScatter,
+                ringcc_core::Collective::AllGather,
+                ringcc_core::Collective::Broadcast { root },
+                ringcc_core::Collective::Reduce { root },
+            ][which];
+            let geometry = FifoGeometry::new(16 * slot_units, sps).unwrap();
+            let shape = PlanShape {
+                ranks,
+                channels,
+                chunk_bytes: geometry.slice_bytes() * 2,
+                geometry,
+            };
+            let desc = Call::new(collective, count, dtype, ReduceOp::Sum).desc(7);
+            for c in 0..channels as u8 {
+                for r in 0..ranks {
+                    let sent: Vec<usize> =
+                        SendSizes::new(&desc, &shape, ChannelId(c), Rank(r)).unwrap().collect();
+                    let next = (r + 1) % ranks;
+                    if ranks > 1 {
+                        prop_assert_eq!(&sent, &recv_sizes(&desc, &shape, c, next));
+                    }
+                    let plan = Call::from(desc).plan(ranks, channels, shape.chunk_bytes).unwrap();
+                    let elems: u64 = plan
+                        .steps(ChannelId(c), Rank(r), InOrderRing { ranks })
+                        .unwrap()
+                        .filter(|s| s.primitive.contains(Primitive::SEND))
+                        .map(|s| s.count)
+                        .sum();
+                    prop_assert_eq!(sent.iter().sum::<usize>() as u64, elems * u64::from(dtype.size()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn regions_refuse_words_and_slices_outside_them() {
+        let r = Region::host(256).unwrap();
+        let v = r.view();
+        assert!(v.word(248).is_ok());
+        assert!(v.word(252).is_err());
+        assert!(v.word(256).is_err());
+        assert!(v.word(u64::MAX - 3).is_err());
+        assert!(v.word(u64::MAX - 7).is_err());
+        assert!(v.bytes(200, 56).is_ok());
+        assert!(v.bytes(200, 57).is_err());
+        assert!(v.write(u64::MAX, &[1]).is_err());
+        v.write(0, &[7; 16]).unwrap();
+        assert_eq!(v.bytes(0, 16).unwrap(), &[7; 16]);
+    }
+}
