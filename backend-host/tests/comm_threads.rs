@@ -212,3 +212,65 @@ fn a_ring_with_a_tcp_hop_runs_calls_on_one_channel() {
         }
     }
 }
+
+/// Over TCP the slices a call takes unchanged (the last AllGather step
+/// of an AllReduce, AllGather's receive-and-forward, Broadcast's) are
+/// read straight into the output, not a slot: the ranks whose incoming
+/// hop is TCP land bytes, the shared-memory ones none, and every result
+/// is exact — out of place and in place, several sizes (slices cut at
+/// odd places), several calls in a row.
+#[test]
+fn tcp_payloads_land_straight_in_the_output() {
+    let both = ringcc_host::transports("127.0.0.1".parse().unwrap(), Duration::from_secs(20));
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let t = token("tcp-landing");
+    let nodes = ["a", "a", "b", "b"];
+    let threads: Vec<_> = (0..4u32)
+        .map(|r| {
+            let (store, t, both) = (Arc::clone(&store), t.clone(), Arc::clone(&both));
+            let o = Options {
+                node: nodes[r as usize].into(),
+                timeout: Duration::from_secs(20),
+                ..Options::default()
+            };
+            std::thread::spawn(move || {
+                let c = Communicator::new(Rank(r), 4, store, &t, o, both).unwrap();
+                for n in [1usize, 4097, 300_001, 1 << 20] {
+                    let a: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + r as f32).collect();
+                    let mut out = vec![0.0f32; n];
+                    c.all_reduce(&a, &mut out, ReduceOp::Sum).unwrap();
+                    let want = |i: usize| 4.0 * (i % 97) as f32 + 6.0;
+                    assert!((0..n).all(|i| out[i] == want(i)), "all_reduce {n}");
+                    let mut b = a.clone();
+                    c.all_reduce_in_place(&mut b, ReduceOp::Sum).unwrap();
+                    assert!((0..n).all(|i| b[i] == want(i)), "in place {n}");
+                    let mut g = vec![0.0f32; 4 * n];
+                    c.all_gather(&a, &mut g).unwrap();
+                    assert!(
+                        (0..4 * n).all(|i| g[i] == ((i % n) % 97) as f32 + (i / n) as f32),
+                        "all_gather {n}"
+                    );
+                    let mut d = vec![0.0f32; n];
+                    c.broadcast(&a, &mut d, Rank(1)).unwrap();
+                    assert!(
+                        (0..n).all(|i| d[i] == (i % 97) as f32 + 1.0),
+                        "broadcast {n}"
+                    );
+                }
+                let (landed, hops) = (c.landed_bytes(), c.hops().to_vec());
+                c.close().unwrap();
+                (landed, hops)
+            })
+        })
+        .collect();
+    for (r, t) in threads.into_iter().enumerate() {
+        let (landed, hops) = t.join().unwrap();
+        let tcp_in = hops.iter().any(|&(_, i)| i == "tcp");
+        assert_eq!(tcp_in, r % 2 == 0, "rank {r}: hops {hops:?}");
+        if tcp_in {
+            assert!(landed > 1 << 20, "rank {r}: landed {landed}");
+        } else {
+            assert_eq!(landed, 0, "rank {r}: shared memory lands nothing");
+        }
+    }
+}

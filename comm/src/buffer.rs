@@ -108,6 +108,16 @@ impl<'a> Buffers<'a> {
         }
     }
 
+    /// `len` output bytes from byte `off` of the output.
+    pub(crate) fn output_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
+        self.output(off, len)
+    }
+
+    /// `len` output bytes from byte `off` of the output, to read.
+    pub(crate) fn output_ref(&self, off: usize, len: usize) -> Option<&[u8]> {
+        self.sent(Payload::Output { at: off, len })
+    }
+
     fn output(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
         match self {
             Buffers::Apart { output, .. } => output.get_mut(off..off.checked_add(len)?),

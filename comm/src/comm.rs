@@ -305,6 +305,15 @@ impl Communicator {
         lock(&self.shared.ring).calls()
     }
 
+    /// Payload bytes received straight into the calls' outputs so far:
+    /// slices the call takes unchanged (a receive-only step, a receive
+    /// copied out and sent on), read by an end that reads a stream (TCP)
+    /// into the output instead of a slot the executor would copy from
+    /// ([`Landing`](crate::transport::Landing)).
+    pub fn landed_bytes(&self) -> u64 {
+        lock(&self.shared.ring).landed_bytes()
+    }
+
     /// Runs `call` out of place on bytes (`input` and `output` of
     /// [`Call::buffer_bytes`]), blocking until it is done.
     pub fn run(&self, call: &Call, input: &[u8], output: &mut [u8]) -> Result<()> {

@@ -17,12 +17,13 @@ use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::Action;
 use ringcc_core::progress::{Channel, Engine, Event};
 use ringcc_core::wire::call_header::CallHeaderRepr;
-use ringcc_core::{Call, ChannelId, Rank};
+use ringcc_core::{Call, ChannelId, Protocol, Rank};
 
 use crate::abort::AbortState;
 use crate::buffer::Buffers;
 use crate::error::{Error, Result};
 use crate::exec::{exec, Payload};
+use crate::land::{ChannelLanding, Lands};
 use crate::ring::RingOrderOf;
 use crate::transport::{Bell, RecvEnd, SendEnd};
 
@@ -117,6 +118,11 @@ pub(crate) struct Ring {
     abort: Arc<AbortState>,
     /// The bell this rank sleeps on.
     bell: Arc<dyn Bell>,
+    /// The running call's slices that land straight in its output
+    /// ([`Lands`]), where an end can put them there.
+    lands: Option<Lands>,
+    /// Bytes landed by the calls before the running one.
+    landed: u64,
 }
 
 impl Ring {
@@ -145,7 +151,15 @@ impl Ring {
             failed: None,
             abort,
             bell,
+            lands: None,
+            landed: 0,
         }
+    }
+
+    /// Payload bytes received straight into the calls' outputs so far.
+    pub(crate) fn landed_bytes(&self) -> u64 {
+        self.landed
+            .saturating_add(self.lands.as_ref().map_or(0, Lands::bytes))
     }
 
     /// Calls completed so far.
@@ -220,6 +234,22 @@ impl Ring {
         for l in &mut self.links {
             l.send.begin(proto);
         }
+        // Simple's slots hold the bytes as they are; LL's lines do not.
+        let lands =
+            proto == Protocol::Simple && self.links.iter().take(self.used).any(|l| l.recv.lands());
+        self.landed = self.landed_bytes();
+        self.lands = match self.engine.call().filter(|_| lands) {
+            Some(desc) => Lands::new(
+                desc,
+                &plan,
+                geometry,
+                self.engine.rank(),
+                &self.order,
+                self.used,
+                |c| self.engine.link(c).recv_next,
+            ),
+            None => None,
+        };
         match self.drive(call, bufs, geometry) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -253,7 +283,7 @@ impl Ring {
                             self.ranks,
                             slot_bytes,
                             bufs,
-                            recv,
+                            (recv, self.lands.as_ref()),
                             send,
                             &mut self.scratch,
                         )?;
@@ -297,7 +327,7 @@ impl Ring {
             // Every end at the first look after progress and at every 16th
             // idle one; between them a send end only when the engine
             // waits for its credit or the end has bytes to write.
-            if self.news_from(cursor, idle.is_multiple_of(16))? {
+            if self.news_from(cursor, idle.is_multiple_of(16), bufs)? {
                 progressed = true;
             }
             cursor = cursor.wrapping_add(1);
@@ -331,7 +361,7 @@ impl Ring {
                 match (idle > self.config.spin + NAPS_FIRST).then(|| Arc::clone(&self.bell)) {
                     Some(bell) => {
                         let ticket = bell.arm();
-                        let news = self.news_from(0, true);
+                        let news = self.news_from(0, true, bufs);
                         if !matches!(news, Ok(false)) {
                             bell.disarm();
                             news?;
@@ -352,7 +382,7 @@ impl Ring {
     /// Polls every end once, channels from `first` on (round robin, so no
     /// channel's news waits behind another's), handing what arrived to the
     /// engine: whether anything did.
-    fn news_from(&mut self, first: usize, all: bool) -> Result<bool> {
+    fn news_from(&mut self, first: usize, all: bool, bufs: &mut Buffers<'_>) -> Result<bool> {
         let n = self.used.min(self.links.len());
         let mut news = false;
         for k in 0..n {
@@ -361,7 +391,16 @@ impl Ring {
             let Some(l) = self.links.get_mut(i) else {
                 continue;
             };
-            while let Some(event) = l.recv.poll()? {
+            loop {
+                let event = match self.lands.as_mut() {
+                    Some(lands) => l.recv.poll_landing(&mut ChannelLanding {
+                        lands,
+                        bufs,
+                        channel: c,
+                    })?,
+                    None => l.recv.poll()?,
+                };
+                let Some(event) = event else { break };
                 news = true;
                 self.engine
                     .handle(self.now, c, event)

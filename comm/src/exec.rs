@@ -12,6 +12,7 @@ use ringcc_core::{Call, ChannelId, Primitive};
 
 use crate::buffer::Buffers;
 use crate::error::{Error, Result};
+use crate::land::Lands;
 use crate::transport::{RecvEnd, SendEnd};
 
 /// Where the bytes of a slice's send are, for the caller to post.
@@ -45,7 +46,7 @@ pub(crate) fn exec(
     ranks: u32,
     slot_bytes: usize,
     bufs: &mut Buffers,
-    recv: Option<&dyn RecvEnd>,
+    (recv, lands): (Option<&dyn RecvEnd>, Option<&Lands>),
     mut send: Option<&mut (dyn SendEnd + 'static)>,
     scratch: &mut Vec<u8>,
 ) -> Result<Payload> {
@@ -77,6 +78,25 @@ pub(crate) fn exec(
     let mut k = 0u64;
     while done < bytes {
         let len = slot_bytes.min(bytes - done);
+        if let (Some(span), Some(l)) = (e.recv, lands) {
+            if l.landed(c, span.step + k) {
+                // The payload was read straight into the output (a step
+                // the call takes unchanged): only a staged send is left.
+                if let Some(span) = send_span {
+                    let s = send
+                        .as_deref_mut()
+                        .ok_or_else(|| internal("a send without a successor"))?;
+                    let out = bufs
+                        .output_ref(output_at + done, len)
+                        .ok_or_else(|| internal("output slice out of the buffer"))?;
+                    s.slot_mut(slot_of(span.step + k), len)?
+                        .copy_from_slice(out);
+                }
+                done += len;
+                k += 1;
+                continue;
+            }
+        }
         let incoming = match (e.recv, recv) {
             (Some(span), Some(r)) => Some(r.slot(slot_of(span.step + k), len)?),
             (Some(_), None) => return Err(internal("a receive without a predecessor")),

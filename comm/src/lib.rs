@@ -50,6 +50,7 @@ mod drive;
 mod element;
 mod error;
 mod exec;
+mod land;
 pub mod launch;
 pub mod net;
 mod options;

@@ -42,6 +42,31 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::store::Store;
 
+/// Where the running call takes some slices' bytes unchanged: straight
+/// into its output (a receive-only step, or a receive that is copied out
+/// and sent on). An end that reads payloads out of a stream (TCP) asks it
+/// when a payload begins and reads the bytes there instead of into a
+/// slot: one copy fewer. See [`RecvEnd::poll_landing`].
+pub trait Landing {
+    /// The `len` output bytes that FIFO step `step` of call `call` (the
+    /// last call header received on the stream) goes to, when the running
+    /// call takes that step's bytes unchanged and `call` is the running
+    /// call; `None` otherwise (the bytes go to the step's slot). Asked
+    /// again for a payload read in several pieces, it gives the same
+    /// bytes.
+    fn dest(&mut self, call: &ringcc_core::CallDesc, step: u64, len: usize) -> Option<&mut [u8]>;
+}
+
+/// A [`Landing`] that takes nothing: every payload goes to its slot.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoLanding;
+
+impl Landing for NoLanding {
+    fn dest(&mut self, _: &ringcc_core::CallDesc, _: u64, _: usize) -> Option<&mut [u8]> {
+        None
+    }
+}
+
 /// The receiving end of a connection (the predecessor's slices arrive
 /// here).
 pub trait RecvEnd: Send {
@@ -50,6 +75,21 @@ pub trait RecvEnd: Send {
     /// `Tail` values increasing. `None` when nothing new arrived. A peer
     /// that went away or broke the protocol is an error.
     fn poll(&mut self) -> Result<Option<Event>>;
+
+    /// Whether [`poll_landing`](RecvEnd::poll_landing) can put payloads
+    /// where the call wants them (the default: no; every payload goes to
+    /// its slot).
+    fn lands(&self) -> bool {
+        false
+    }
+
+    /// [`poll`](RecvEnd::poll), putting each payload that `landing` wants
+    /// straight where it says instead of into the step's slot (which the
+    /// caller then does not read). The default polls.
+    fn poll_landing(&mut self, landing: &mut dyn Landing) -> Result<Option<Event>> {
+        let _ = landing;
+        self.poll()
+    }
 
     /// The first `len` bytes of `slot`. Valid to read while the step the
     /// slot holds is below the last `tail` reported and not yet credited

@@ -19,6 +19,8 @@ use ringcc_core::fifo::{slot_of, STEPS};
 use ringcc_core::wire::call_header::{CallHeader, CallHeaderRepr, CALL_HEADER_LEN};
 use ringcc_core::CallDesc;
 
+use ringcc_comm::transport::Landing;
+
 use super::frame::{FrameRepr, Kind, FRAME_LEN};
 use super::io::{Peer, ReadFail};
 
@@ -30,8 +32,28 @@ enum Want {
     /// The payload of this call header frame.
     CallHeader(FrameRepr),
     /// The rest of this data frame's payload, `got` bytes of which are in
-    /// its slot.
-    Data { f: FrameRepr, got: usize },
+    /// its slot — or in the output, where the call took it
+    /// (`landed`: see [`Landing`]).
+    Data {
+        f: FrameRepr,
+        got: usize,
+        landed: bool,
+    },
+}
+
+/// Where the rest of a payload may be read straight from the socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Direct {
+    /// Into this range of the slots.
+    Slot(Range<usize>),
+    /// Into the output the [`Landing`] gives for `step` (`len` bytes of
+    /// call `call`), from byte `got`.
+    Landed {
+        call: CallDesc,
+        step: u64,
+        len: usize,
+        got: usize,
+    },
 }
 
 /// Where one hop's incoming stream stands.
@@ -53,6 +75,8 @@ pub(super) struct Inbound {
     /// Call headers received and not yet reported, by the step they
     /// precede, in order.
     headers: VecDeque<(u64, CallDesc)>,
+    /// The call of the last call header: the data after it is its.
+    call: Option<CallDesc>,
     /// The sender closed its end in order, at a slice boundary: nothing
     /// more comes.
     closed: bool,
@@ -71,6 +95,7 @@ impl Inbound {
             header_seq: None,
             header_at: None,
             headers: VecDeque::with_capacity(STEPS as usize + 1),
+            call: None,
             closed: false,
         }
     }
@@ -98,11 +123,18 @@ impl Inbound {
 
     /// Takes every whole frame header and every payload byte of `bytes`
     /// (the stream's next bytes), writing payloads into `slots` (`STEPS`
-    /// slots of `slot_bytes`) under the credit `head` posted so far: the
-    /// bytes taken. What is left is the start of a header, for the next
-    /// call. Stops at the sender's goodbye; a frame that breaks the
-    /// protocol is the error, its payload untouched.
-    pub(super) fn take(&mut self, bytes: &[u8], slots: &mut [u8], head: u64) -> Result<usize> {
+    /// slots of `slot_bytes`) under the credit `head` posted so far — or
+    /// where `landing` takes them: the bytes taken. What is left is the
+    /// start of a header, for the next call. Stops at the sender's
+    /// goodbye; a frame that breaks the protocol is the error, its payload
+    /// untouched.
+    pub(super) fn take(
+        &mut self,
+        bytes: &[u8],
+        slots: &mut [u8],
+        head: u64,
+        landing: &mut dyn Landing,
+    ) -> Result<usize> {
         let mut used = 0;
         while !self.closed {
             let rest = bytes.get(used..).unwrap_or_default();
@@ -113,6 +145,13 @@ impl Inbound {
                     };
                     self.header(b, head)?;
                     used += FRAME_LEN;
+                    // A payload the call takes unchanged goes straight to
+                    // the output (asked once it is checked, before a byte).
+                    if let (Want::Data { f, got: 0, .. }, Some(call)) = (self.want, self.call) {
+                        let len = f.length as usize;
+                        let landed = landing.dest(&call, f.step, len).is_some();
+                        self.want = Want::Data { f, got: 0, landed };
+                    }
                 }
                 Want::CallHeader(f) => {
                     let Some(h) = rest.first_chunk::<CALL_HEADER_LEN>() else {
@@ -122,18 +161,24 @@ impl Inbound {
                     self.want = Want::Header;
                     used += CALL_HEADER_LEN;
                 }
-                Want::Data { f, got } => {
+                Want::Data { f, got, landed } => {
                     let len = f.length as usize;
                     let n = rest.len().min(len - got);
                     if n == 0 && got < len {
                         break;
                     }
-                    let (Some(src), Some(dst)) = (rest.get(..n), self.payload(slots, &f, got, n))
-                    else {
+                    let dst = if landed {
+                        let call = self.call;
+                        call.and_then(|call| landing.dest(&call, f.step, len))
+                            .and_then(|d| d.get_mut(got..got.checked_add(n)?))
+                    } else {
+                        self.payload(slots, &f, got, n)
+                    };
+                    let (Some(src), Some(dst)) = (rest.get(..n), dst) else {
                         return Err(self.peer.protocol(format!("data frame of {len} bytes")));
                     };
                     dst.copy_from_slice(src);
-                    self.advance(f, got + n);
+                    self.advance(f, got + n, landed);
                     used += n;
                 }
             }
@@ -144,19 +189,32 @@ impl Inbound {
     /// Where the rest of the payload being received may be read straight
     /// into the slots (a range of them), when that rest is at least `min`
     /// bytes.
-    pub(super) fn direct(&self, min: usize) -> Option<Range<usize>> {
-        let Want::Data { f, got } = self.want else {
+    pub(super) fn direct(&self, min: usize) -> Option<Direct> {
+        let Want::Data { f, got, landed } = self.want else {
             return None;
         };
         let len = f.length as usize;
-        let base = usize::from(slot_of(f.step).0) * self.slot_bytes;
-        (len - got >= min).then_some(base + got..base + len)
+        if len - got < min {
+            return None;
+        }
+        match (landed, self.call) {
+            (true, Some(call)) => Some(Direct::Landed {
+                call,
+                step: f.step,
+                len,
+                got,
+            }),
+            _ => {
+                let base = usize::from(slot_of(f.step).0) * self.slot_bytes;
+                Some(Direct::Slot(base + got..base + len))
+            }
+        }
     }
 
-    /// `n` bytes were read into the start of the range [`direct`](Self::direct) gave.
+    /// `n` bytes were read into the start of the place [`direct`](Self::direct) gave.
     pub(super) fn took_direct(&mut self, n: usize) {
-        if let Want::Data { f, got } = self.want {
-            self.advance(f, (got + n).min(f.length as usize));
+        if let Want::Data { f, got, landed } = self.want {
+            self.advance(f, (got + n).min(f.length as usize), landed);
         }
     }
 
@@ -165,7 +223,7 @@ impl Inbound {
         let (got, what, len) = match self.want {
             Want::Header => (buffered, "frame header", FRAME_LEN),
             Want::CallHeader(_) => (buffered, "call header", CALL_HEADER_LEN),
-            Want::Data { f, got } => (got, "data frame", f.length as usize),
+            Want::Data { f, got, .. } => (got, "data frame", f.length as usize),
         };
         self.peer.read_error(ReadFail::Eof { got }, what, len)
     }
@@ -184,9 +242,9 @@ impl Inbound {
     }
 
     /// `got` bytes of data frame `f` are in: the next frame once all are.
-    fn advance(&mut self, f: FrameRepr, got: usize) {
+    fn advance(&mut self, f: FrameRepr, got: usize, landed: bool) {
         if got < f.length as usize {
-            self.want = Want::Data { f, got };
+            self.want = Want::Data { f, got, landed };
             return;
         }
         self.want = Want::Header;
@@ -208,11 +266,15 @@ impl Inbound {
         self.last_seq = f.seq;
         self.want = match f.kind {
             Kind::CallHeader => Want::CallHeader(f),
-            _ => Want::Data { f, got: 0 },
+            _ => Want::Data {
+                f,
+                got: 0,
+                landed: false,
+            },
         };
-        if let Want::Data { f, got } = self.want {
+        if let Want::Data { f, got, landed } = self.want {
             // A zero-length data frame is whole at once.
-            self.advance(f, got);
+            self.advance(f, got, landed);
         }
         Ok(())
     }
@@ -309,6 +371,7 @@ impl Inbound {
             )));
         }
         self.headers.push_back((f.step, repr.desc));
+        self.call = Some(repr.desc);
         self.header_seq = Some(f.seq);
         self.header_at = Some(f.step);
         Ok(())

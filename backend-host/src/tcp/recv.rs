@@ -16,14 +16,14 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringcc_comm::transport::{Bell, RecvEnd};
+use ringcc_comm::transport::{Bell, Landing, NoLanding, RecvEnd};
 use ringcc_comm::{Error, Result};
 use ringcc_core::fifo::{slot_of, FifoGeometry, STEPS};
 use ringcc_core::progress::Event;
 use ringcc_core::SlotIndex;
 
 use super::frame::{FrameRepr, FRAME_LEN};
-use super::inbound::Inbound;
+use super::inbound::{Direct, Inbound};
 use super::io::{recv_now, send, send_now, Peer, ReadFail, GOODBYE_TIMEOUT};
 use super::watch::Watch;
 use super::NAME;
@@ -146,14 +146,14 @@ impl TcpRecvEnd {
     /// Reads and takes what the socket holds until the tail moves, the
     /// sender says goodbye or nothing more is there: whether anything
     /// was read, and whether the socket was found empty.
-    fn pump(&mut self) -> Result<(bool, bool)> {
+    fn pump(&mut self, landing: &mut dyn Landing) -> Result<(bool, bool)> {
         let tail = self.inbound.tail();
         let mut moved = false;
         loop {
             let buffered = self.ahead.get(self.at..self.end).unwrap_or_default();
             let used = self
                 .inbound
-                .take(buffered, &mut self.slots, self.head_posted)?;
+                .take(buffered, &mut self.slots, self.head_posted, landing)?;
             self.at += used;
             if self.at == self.end {
                 self.at = 0;
@@ -167,7 +167,16 @@ impl TcpRecvEnd {
             let dst = match direct {
                 // Everything buffered was taken: the payload's rest comes
                 // next in the stream.
-                Some(range) => self.slots.get_mut(range).unwrap_or_default(),
+                Some(Direct::Slot(range)) => self.slots.get_mut(range).unwrap_or_default(),
+                Some(Direct::Landed {
+                    call,
+                    step,
+                    len,
+                    got,
+                }) => landing
+                    .dest(&call, step, len)
+                    .and_then(|d| d.get_mut(got..))
+                    .unwrap_or_default(),
                 None => {
                     // The start of a frame header: to the front.
                     self.ahead.copy_within(self.at..self.end, 0);
@@ -289,6 +298,17 @@ impl RecvEnd for TcpRecvEnd {
     /// reported, and stays. After the sender's goodbye nothing more
     /// comes, and nothing is reported.
     fn poll(&mut self) -> Result<Option<Event>> {
+        self.poll_landing(&mut NoLanding)
+    }
+
+    fn lands(&self) -> bool {
+        true
+    }
+
+    /// [`poll`](RecvEnd::poll), reading each payload the call takes
+    /// unchanged straight into its output (decided when its frame header
+    /// is checked; the slot of such a step is left alone).
+    fn poll_landing(&mut self, landing: &mut dyn Landing) -> Result<Option<Event>> {
         if let Some(e) = &self.broken {
             return Err(e.duplicate());
         }
@@ -310,7 +330,7 @@ impl RecvEnd for TcpRecvEnd {
         // Credit goes out once the stream pauses (below), so that a burst
         // of slices is credited by one frame; a frame begun is finished.
         let mut moved = self.credit_at < FRAME_LEN && self.flush_credit()?;
-        match self.pump() {
+        match self.pump(landing) {
             Ok((m, drained)) => {
                 moved |= m;
                 if drained && self.credit_due.is_some() && !self.credit_held {
