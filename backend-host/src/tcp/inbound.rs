@@ -77,6 +77,8 @@ pub(super) struct Inbound {
     headers: VecDeque<(u64, CallDesc)>,
     /// The call of the last call header: the data after it is its.
     call: Option<CallDesc>,
+    /// The payload length of the last data frame.
+    last_data: usize,
     /// The sender closed its end in order, at a slice boundary: nothing
     /// more comes.
     closed: bool,
@@ -96,6 +98,7 @@ impl Inbound {
             header_at: None,
             headers: VecDeque::with_capacity(STEPS as usize + 1),
             call: None,
+            last_data: 0,
             closed: false,
         }
     }
@@ -114,6 +117,21 @@ impl Inbound {
     /// awaited).
     pub(super) fn mid_frame(&self) -> bool {
         !matches!(self.want, Want::Header)
+    }
+
+    /// The payload length of the last data frame begun.
+    pub(super) fn last_data(&self) -> usize {
+        self.last_data
+    }
+
+    /// Bytes the stream owes before the frame header, call header or
+    /// payload being received is whole.
+    pub(super) fn owed(&self) -> usize {
+        match self.want {
+            Want::Header => FRAME_LEN,
+            Want::CallHeader(_) => CALL_HEADER_LEN,
+            Want::Data { f, got, .. } => (f.length as usize).saturating_sub(got),
+        }
     }
 
     /// The call headers received and not yet reported.
@@ -266,11 +284,14 @@ impl Inbound {
         self.last_seq = f.seq;
         self.want = match f.kind {
             Kind::CallHeader => Want::CallHeader(f),
-            _ => Want::Data {
-                f,
-                got: 0,
-                landed: false,
-            },
+            _ => {
+                self.last_data = f.length as usize;
+                Want::Data {
+                    f,
+                    got: 0,
+                    landed: false,
+                }
+            }
         };
         if let Want::Data { f, got, landed } = self.want {
             // A zero-length data frame is whole at once.

@@ -182,7 +182,16 @@ impl TcpRecvEnd {
                     self.ahead.copy_within(self.at..self.end, 0);
                     self.end -= self.at;
                     self.at = 0;
-                    self.ahead.get_mut(self.end..).unwrap_or_default()
+                    // Large slices: read just up to the end of the header
+                    // (or call header), so that the payload behind it is
+                    // read where it goes, not through this buffer.
+                    let room = if self.inbound.last_data() >= DIRECT {
+                        self.inbound.owed().saturating_sub(self.end).max(1)
+                    } else {
+                        READ_AHEAD
+                    };
+                    let to = self.end.saturating_add(room).min(READ_AHEAD);
+                    self.ahead.get_mut(self.end..to).unwrap_or_default()
                 }
             };
             if dst.is_empty() {
