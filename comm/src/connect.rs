@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::ring::RingOrderOf;
 use crate::store::Store;
-use crate::transport::{Bell, Hop, Job, PeerInfo, Transport};
+use crate::transport::{Bell, Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
 
 /// What connecting produced.
 pub(crate) struct Connected {
@@ -62,6 +62,120 @@ pub(crate) fn gather(
             )
         })
         .collect()
+}
+
+/// Publishes what every transport `allows` admits can publish (node, pid
+/// and each one's address), picks the rank's bell — the first such
+/// transport's that offers one (peers can ring it through shared memory),
+/// else one of this process — and gathers every rank's info under `key`,
+/// in rank order.
+fn introduce(
+    store: &dyn Store,
+    token: &str,
+    (rank, world): (Rank, u32),
+    node: &str,
+    transports: &mut [Box<dyn Transport>],
+    allows: impl Fn(&str) -> bool,
+    (key, deadline): (&str, Instant),
+) -> Result<(Vec<PeerInfo>, Arc<dyn Bell>)> {
+    let mut published = BTreeMap::new();
+    for t in transports.iter_mut() {
+        if !allows(t.name()) {
+            continue;
+        }
+        if let Some(v) = t.publish(token, rank)? {
+            published.insert(t.name().to_owned(), v);
+        }
+    }
+    let bell = transports
+        .iter_mut()
+        .filter(|t| published.contains_key(t.name()))
+        .find_map(|t| t.bell())
+        .unwrap_or_else(|| Arc::new(LocalBell::new()));
+    let me = PeerInfo {
+        rank: rank.0,
+        node: node.to_owned(),
+        pid: std::process::id(),
+        transports: published,
+    };
+    let mine = serde_json::to_vec(&me).map_err(|e| Error::Internal(e.to_string()))?;
+    let peers = gather(store, key, (rank, &mine), world, deadline)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| {
+            let p: PeerInfo = serde_json::from_slice(&v).map_err(|e| Error::Store {
+                call: "get",
+                key: format!("{key}/{r}"),
+                source: e.into(),
+            })?;
+            if p.rank as usize != r {
+                return Err(Error::BadConfig(format!(
+                    "store key {key}/{r} holds rank {}'s info",
+                    p.rank
+                )));
+            }
+            Ok(p)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((peers, bell))
+}
+
+/// Per channel, the sending ends and the receiving ends of a rank's hops.
+type Ends = (Vec<Box<dyn SendEnd>>, Vec<Box<dyn RecvEnd>>);
+
+/// The ends of ring hops, per channel of `channels`, in the three phases
+/// every rank of `job` goes through together (store barriers named with
+/// `prefix`): listen on the hop from `prev` (with transport `t_in`), then
+/// connect the hop to `next` (with `t_out`), then accept; a hop without a
+/// transport is left alone.
+fn join(
+    transports: &mut [Box<dyn Transport>],
+    job: &Job<'_>,
+    (channels, prefix): (u8, &str),
+    (t_in, prev): (Option<usize>, Rank),
+    (t_out, next): (Option<usize>, Rank),
+) -> Result<Ends> {
+    let rank = job.rank;
+    let hop_in = |c: u8| Hop {
+        channel: ChannelId(c),
+        sender: prev,
+        receiver: rank,
+    };
+    let hop_out = |c: u8| Hop {
+        channel: ChannelId(c),
+        sender: rank,
+        receiver: next,
+    };
+    if let Some(t) = t_in {
+        for c in 0..channels {
+            nth(transports, t)?.listen(job, hop_in(c))?;
+        }
+    }
+    barrier(
+        job.store,
+        &format!("{prefix}listen"),
+        job.world,
+        job.deadline,
+    )?;
+    let mut sends = Vec::new();
+    if let Some(t) = t_out {
+        for c in 0..channels {
+            sends.push(nth(transports, t)?.connect(job, hop_out(c))?);
+        }
+    }
+    let mut recvs = Vec::new();
+    if let Some(t) = t_in {
+        for c in 0..channels {
+            recvs.push(nth(transports, t)?.accept(job, hop_in(c))?);
+        }
+    }
+    barrier(
+        job.store,
+        &format!("{prefix}connected"),
+        job.world,
+        job.deadline,
+    )?;
+    Ok((sends, recvs))
 }
 
 /// The transport for a hop between `a` and `b`: the first, in preference
@@ -122,48 +236,15 @@ pub(crate) fn connect(
     transports: &mut [Box<dyn Transport>],
 ) -> Result<Connected> {
     let deadline = Instant::now() + options.timeout;
-    // Publish: node, pid and every usable transport's address.
-    let mut published = BTreeMap::new();
-    for t in transports.iter_mut() {
-        if !options.allows(t.name()) {
-            continue;
-        }
-        if let Some(v) = t.publish(token, rank)? {
-            published.insert(t.name().to_owned(), v);
-        }
-    }
-    // The rank's bell: the first transport's that offers one (peers can
-    // ring it through shared memory), else one of this process.
-    let bell = transports
-        .iter_mut()
-        .filter(|t| published.contains_key(t.name()))
-        .find_map(|t| t.bell())
-        .unwrap_or_else(|| Arc::new(LocalBell::new()));
-    let me = PeerInfo {
-        rank: rank.0,
-        node: options.node.clone(),
-        pid: std::process::id(),
-        transports: published,
-    };
-    let mine = serde_json::to_vec(&me).map_err(|e| Error::Internal(e.to_string()))?;
-    let peers = gather(store, "peer", (rank, &mine), world, deadline)?
-        .into_iter()
-        .enumerate()
-        .map(|(r, v)| {
-            let p: PeerInfo = serde_json::from_slice(&v).map_err(|e| Error::Store {
-                call: "get",
-                key: format!("peer/{r}"),
-                source: e.into(),
-            })?;
-            if p.rank as usize != r {
-                return Err(Error::BadConfig(format!(
-                    "store key peer/{r} holds rank {}'s info",
-                    p.rank
-                )));
-            }
-            Ok(p)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (peers, bell) = introduce(
+        store,
+        token,
+        (rank, world),
+        &options.node,
+        transports,
+        |t| options.allows(t),
+        ("peer", deadline),
+    )?;
     // Every rank must run the same settings.
     let ours = settings(options);
     let all = gather(store, "settings", (rank, ours.as_bytes()), world, deadline)?;
@@ -196,30 +277,18 @@ pub(crate) fn connect(
         bell: &bell,
         store,
     };
-    let hop_in = |c: u8| Hop {
-        channel: ChannelId(c),
-        sender: prev,
-        receiver: rank,
-    };
-    let hop_out = |c: u8| Hop {
-        channel: ChannelId(c),
-        sender: rank,
-        receiver: next,
-    };
-    for c in 0..channels {
-        nth(transports, t_in)?.listen(&job, hop_in(c))?;
-    }
-    barrier(store, "listen", world, deadline)?;
-    let mut sends = Vec::new();
-    for c in 0..channels {
-        sends.push(nth(transports, t_out)?.connect(&job, hop_out(c))?);
-    }
-    let mut links = Vec::new();
-    for (c, send) in (0..channels).zip(sends) {
-        let recv = nth(transports, t_in)?.accept(&job, hop_in(c))?;
-        links.push(Link { recv, send });
-    }
-    barrier(store, "connected", world, deadline)?;
+    let (sends, recvs) = join(
+        transports,
+        &job,
+        (channels, ""),
+        (Some(t_in), prev),
+        (Some(t_out), next),
+    )?;
+    let links = recvs
+        .into_iter()
+        .zip(sends)
+        .map(|(recv, send)| Link { recv, send })
+        .collect();
     let name = |t: usize| transports.get(t).map_or("none", |t| t.name());
     let names = (name(t_out), name(t_in));
     let channel_bytes = options.channel_bytes.unwrap_or_else(|| {
@@ -327,10 +396,10 @@ pub struct NodeLinks {
     pub order: RingOrderOf,
     /// Per channel, the end toward the successor when it runs on another
     /// node (else empty).
-    pub send: Vec<Box<dyn crate::transport::SendEnd>>,
+    pub send: Vec<Box<dyn SendEnd>>,
     /// Per channel, the end from the predecessor when it runs on another
     /// node (else empty).
-    pub recv: Vec<Box<dyn crate::transport::RecvEnd>>,
+    pub recv: Vec<Box<dyn RecvEnd>>,
     /// The transports of the outgoing and incoming hop, where they leave
     /// the node.
     pub transports: (Option<&'static str>, Option<&'static str>),
@@ -371,42 +440,15 @@ pub fn connect_between_nodes(
     if world == 0 || rank.0 >= world {
         return Err(Error::BadConfig(format!("rank {rank} of {world} ranks")));
     }
-    let mut published = BTreeMap::new();
-    for t in transports.iter_mut() {
-        if let Some(v) = t.publish(token, rank)? {
-            published.insert(t.name().to_owned(), v);
-        }
-    }
-    let bell = transports
-        .iter_mut()
-        .filter(|t| published.contains_key(t.name()))
-        .find_map(|t| t.bell())
-        .unwrap_or_else(|| Arc::new(LocalBell::new()));
-    let me = PeerInfo {
-        rank: rank.0,
-        node: node.to_owned(),
-        pid: std::process::id(),
-        transports: published,
-    };
-    let mine = serde_json::to_vec(&me).map_err(|e| Error::Internal(e.to_string()))?;
-    let peers = gather(store, "nodes/peer", (rank, &mine), world, deadline)?
-        .into_iter()
-        .enumerate()
-        .map(|(r, v)| {
-            let p: PeerInfo = serde_json::from_slice(&v).map_err(|e| Error::Store {
-                call: "get",
-                key: format!("nodes/peer/{r}"),
-                source: e.into(),
-            })?;
-            if p.rank as usize != r {
-                return Err(Error::BadConfig(format!(
-                    "store key nodes/peer/{r} holds rank {}'s info",
-                    p.rank
-                )));
-            }
-            Ok(p)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (peers, bell) = introduce(
+        store,
+        token,
+        (rank, world),
+        node,
+        transports,
+        |_| true,
+        ("nodes/peer", deadline),
+    )?;
     let order = RingOrderOf::by_node(&peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>());
     let (next, prev) = (order.next(rank), order.prev(rank));
     let remote =
@@ -427,40 +469,13 @@ pub fn connect_between_nodes(
         bell: &bell,
         store,
     };
-    if let Some(t) = t_in {
-        for c in 0..channels {
-            let hop = Hop {
-                channel: ChannelId(c),
-                sender: prev,
-                receiver: rank,
-            };
-            nth(transports, t)?.listen(&job, hop)?;
-        }
-    }
-    barrier(store, "nodes/listen", world, deadline)?;
-    let mut send = Vec::new();
-    if let Some(t) = t_out {
-        for c in 0..channels {
-            let hop = Hop {
-                channel: ChannelId(c),
-                sender: rank,
-                receiver: next,
-            };
-            send.push(nth(transports, t)?.connect(&job, hop)?);
-        }
-    }
-    let mut recv = Vec::new();
-    if let Some(t) = t_in {
-        for c in 0..channels {
-            let hop = Hop {
-                channel: ChannelId(c),
-                sender: prev,
-                receiver: rank,
-            };
-            recv.push(nth(transports, t)?.accept(&job, hop)?);
-        }
-    }
-    barrier(store, "nodes/connected", world, deadline)?;
+    let (send, recv) = join(
+        transports,
+        &job,
+        (channels, "nodes/"),
+        (t_in, prev),
+        (t_out, next),
+    )?;
     let name = |t: Option<usize>| t.and_then(|t| transports.get(t)).map(|t| t.name());
     Ok(NodeLinks {
         transports: (name(t_out), name(t_in)),

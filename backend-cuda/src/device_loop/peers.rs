@@ -116,7 +116,7 @@ impl RegionLayout {
 
     /// The channel table of a rank whose memory starts at `own`, with
     /// each neighbour's memory either mapped (inside the node) or a
-    /// staging [`Region`](super::proxy::Region) its proxy serves (on
+    /// staging [`Region`] its proxy serves (on
     /// another node). A staged successor's words all live in its region —
     /// the FIFO, `tail` and call words the loop writes and the `head` the
     /// proxy returns credit into —, and so do a staged predecessor's.
@@ -176,6 +176,16 @@ pub enum Neighbour {
 }
 
 impl Neighbour {
+    /// A neighbour staged through `staged` where given, else the mapped
+    /// memory at `mapped`, else (a ring of one) this rank's own at `own`.
+    pub(crate) fn of(mapped: Option<u64>, staged: Option<&Region>, own: u64) -> Neighbour {
+        match (staged, mapped) {
+            (Some(r), _) => Neighbour::Staged(r.addr()),
+            (None, Some(m)) => Neighbour::Mapped(m),
+            (None, None) => Neighbour::Mapped(own),
+        }
+    }
+
     fn base(self) -> u64 {
         match self {
             Neighbour::Mapped(b) | Neighbour::Staged(b) => b,
@@ -259,6 +269,135 @@ pub(crate) fn wait_key(
     }
 }
 
+impl NodeNet {
+    /// Connects `rank`'s ring hops that leave its node (every rank of the
+    /// job calls this): the loop's ring is in rank order, so a node's
+    /// ranks must be consecutive.
+    pub(crate) fn connect(
+        mut self,
+        store: &dyn Store,
+        rank: Rank,
+        world: u32,
+        layout: RegionLayout,
+        geometry: FifoGeometry,
+        deadline: Instant,
+    ) -> Result<NetLinks> {
+        let links = ringcc_comm::connect_between_nodes(
+            store,
+            &self.token,
+            rank,
+            world,
+            &self.node,
+            layout.channels(),
+            geometry,
+            deadline,
+            &mut self.transports,
+        )
+        .map_err(Error::comm("connect_between_nodes"))?;
+        if links.order.ranks_in_order().iter().copied().ne(0..world) {
+            return Err(Error::BadConfig {
+                what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
+            });
+        }
+        Ok(NetLinks {
+            links,
+            shape: PlanShape {
+                ranks: world,
+                channels: u32::from(layout.channels()),
+                chunk_bytes: self.chunk_bytes,
+                geometry,
+            },
+            layout,
+        })
+    }
+}
+
+/// A rank's ring neighbours as its loop reaches them: each either mapped
+/// (`prev` / `next`: memory of type `M`, `None` in a ring of one) or
+/// staged through a region (`inc` / `out`).
+pub(crate) struct Sides<M> {
+    pub(crate) prev: Option<M>,
+    pub(crate) inc: Option<Region>,
+    pub(crate) next: Option<M>,
+    pub(crate) out: Option<Region>,
+}
+
+/// A rank's hops between nodes, connected, before its proxy starts.
+pub(crate) struct NetLinks {
+    links: ringcc_comm::NodeLinks,
+    shape: PlanShape,
+    layout: RegionLayout,
+}
+
+impl NetLinks {
+    /// Whether the predecessor is on another node.
+    pub(crate) fn staged_in(&self) -> bool {
+        !self.links.recv.is_empty()
+    }
+
+    /// Whether the successor is on another node.
+    pub(crate) fn staged_out(&self) -> bool {
+        !self.links.send.is_empty()
+    }
+
+    /// A rank's two neighbours: where `links` has a hop leave the node, a
+    /// staging region made by `region`; else the neighbour's memory,
+    /// imported by `import` (of `prev` and `next`).
+    pub(crate) fn sides<M>(
+        links: Option<&NetLinks>,
+        region: impl Fn() -> Result<Region>,
+        mut import: impl FnMut(Rank) -> Result<Option<M>>,
+        (prev, next): (Rank, Rank),
+    ) -> Result<Sides<M>> {
+        let mut side = |staged: bool, peer: Rank| -> Result<(Option<M>, Option<Region>)> {
+            Ok(if staged {
+                (None, Some(region()?))
+            } else {
+                (import(peer)?, None)
+            })
+        };
+        let (prev, inc) = side(links.is_some_and(NetLinks::staged_in), prev)?;
+        let (next, out) = side(links.is_some_and(NetLinks::staged_out), next)?;
+        Ok(Sides {
+            prev,
+            inc,
+            next,
+            out,
+        })
+    }
+
+    /// The transport between the nodes, if a hop leaves this one.
+    pub(crate) fn transport(&self) -> Option<&'static str> {
+        self.links.transports.0.or(self.links.transports.1)
+    }
+
+    /// Starts `me`'s proxy over the staging regions (`out` for the hop to
+    /// the successor, `inc` for the one from the predecessor, present
+    /// where the hop is staged); `None` when no hop leaves the node.
+    pub(crate) fn start(
+        self,
+        me: Rank,
+        (out, inc): (Option<Region>, Option<Region>),
+        abort_also: Option<usize>,
+    ) -> Result<Option<Proxy>> {
+        if out.is_none() && inc.is_none() {
+            return Ok(None);
+        }
+        let prev = Rank((me.0 + self.shape.ranks - 1) % self.shape.ranks);
+        Proxy::start(
+            me,
+            prev,
+            self.shape,
+            self.layout,
+            (out, self.links.send),
+            (inc, self.links.recv),
+            self.links.bell,
+            abort_also,
+        )
+        .map(Some)
+    }
+}
+
 impl LoopPeers {
     /// Exports `rank`'s loop memory (zeroed fake device memory) for
     /// `channels` channels of `geometry`, publishes its handle in `store`,
@@ -319,78 +458,32 @@ impl LoopPeers {
             Rank((rank.0 + world - 1) % world),
             Rank((rank.0 + 1) % world),
         );
-        let Some(mut net) = net else {
-            let prev = import(prev_rank)?;
-            let next = import(next_rank)?;
-            let base = |m: &Option<ImportedMemory>| {
-                m.as_ref()
-                    .map_or(own.mapping().base(), |m| m.mapping().base())
-                    .as_ptr() as u64
-            };
-            let own_base = own.mapping().base().as_ptr() as u64;
-            let table = layout.table(own_base, base(&prev), base(&next));
-            return Ok(LoopPeers {
-                layout,
-                proxy: None,
-                own,
-                prev,
-                next,
-                table,
-            });
+        let links = match net {
+            Some(net) => Some(net.connect(store, rank, world, layout, geometry, deadline)?),
+            None => None,
         };
-        let links = ringcc_comm::connect_between_nodes(
-            store,
-            &net.token,
-            rank,
-            world,
-            &net.node,
-            channels,
-            geometry,
-            deadline,
-            &mut net.transports,
-        )
-        .map_err(Error::comm("connect_between_nodes"))?;
-        if links.order.ranks_in_order().iter().copied().ne(0..world) {
-            return Err(Error::BadConfig {
-                what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
-            });
-        }
+        let Sides {
+            prev,
+            inc,
+            next,
+            out,
+        } = NetLinks::sides(
+            links.as_ref(),
+            || Region::host(layout.total()),
+            import,
+            (prev_rank, next_rank),
+        )?;
         let own_base = own.mapping().base().as_ptr() as u64;
-        let region = || Region::host(layout.total());
-        let (prev, inc) = if links.recv.is_empty() {
-            (import(prev_rank)?, None)
-        } else {
-            (None, Some(region()?))
-        };
-        let (next, out) = if links.send.is_empty() {
-            (import(next_rank)?, None)
-        } else {
-            (None, Some(region()?))
-        };
-        let neighbour = |m: &Option<ImportedMemory>, r: &Option<Region>| match (m, r) {
-            (_, Some(r)) => Neighbour::Staged(r.addr()),
-            (Some(m), None) => Neighbour::Mapped(m.mapping().base().as_ptr() as u64),
-            (None, None) => Neighbour::Mapped(own_base),
-        };
-        let table = layout.table_with(own_base, neighbour(&prev, &inc), neighbour(&next, &out));
-        let proxy = if out.is_some() || inc.is_some() {
-            let shape = PlanShape {
-                ranks: world,
-                channels: u32::from(channels),
-                chunk_bytes: net.chunk_bytes,
-                geometry,
-            };
-            Some(Proxy::start(
-                rank,
-                prev_rank,
-                shape,
-                layout,
-                (out, links.send),
-                (inc, links.recv),
-                links.bell,
-            )?)
-        } else {
-            None
+        let base =
+            |m: &Option<ImportedMemory>| m.as_ref().map(|m| m.mapping().base().as_ptr() as u64);
+        let table = layout.table_with(
+            own_base,
+            Neighbour::of(base(&prev), inc.as_ref(), own_base),
+            Neighbour::of(base(&next), out.as_ref(), own_base),
+        );
+        let proxy = match links {
+            Some(l) => l.start(rank, (out, inc), None)?,
+            None => None,
         };
         Ok(LoopPeers {
             layout,

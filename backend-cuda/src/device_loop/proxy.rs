@@ -314,34 +314,12 @@ impl Proxy {
     /// Starts the proxy of rank `me` (predecessor `prev`): `send` holds a
     /// sending end per channel when the successor is on another node
     /// (its slices are staged in `out`), `recv` a receiving end per
-    /// channel when the predecessor is (its slices land in `inc`).
+    /// channel when the predecessor is (its slices land in `inc`). On
+    /// failure it also raises the word at host address `abort_also` (a
+    /// GPU rank's abort word in pinned memory, which must outlive the
+    /// proxy).
     #[allow(clippy::too_many_arguments)]
-    pub fn start(
-        me: Rank,
-        prev: Rank,
-        shape: PlanShape,
-        layout: RegionLayout,
-        (out, send): (Option<Region>, Vec<Box<dyn SendEnd>>),
-        (inc, recv): (Option<Region>, Vec<Box<dyn RecvEnd>>),
-        bell: Arc<dyn Bell>,
-    ) -> Result<Proxy> {
-        Self::spawn(
-            me,
-            prev,
-            shape,
-            layout,
-            (out, send),
-            (inc, recv),
-            bell,
-            None,
-        )
-    }
-
-    /// [`start`](Proxy::start), also raising the word at host address
-    /// `abort_also` on failure (a GPU rank's abort word in pinned memory,
-    /// which must outlive the proxy).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn spawn(
+    pub(crate) fn start(
         me: Rank,
         prev: Rank,
         shape: PlanShape,

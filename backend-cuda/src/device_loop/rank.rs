@@ -26,8 +26,8 @@ use ringcc_core::{Call, ChannelId, Collective, InOrderRing, Rank, ReduceOp};
 
 use super::abi::{self, RcStatus};
 use super::gpu::{loop_ptx, HostMapped, MIN_ARCH};
-use super::peers::{wait_key, Neighbour, NodeNet, RegionLayout};
-use super::proxy::{PlanShape, Proxy, Region};
+use super::peers::{wait_key, Neighbour, NetLinks, NodeNet, RegionLayout, Sides};
+use super::proxy::{Proxy, Region};
 use crate::config::Config;
 use crate::device::cuda::DeviceAlloc;
 use crate::driver;
@@ -178,47 +178,28 @@ impl GpuRank {
             Rank((rank.0 + 1) % world),
         );
         let links = match net {
-            Some(mut net) => {
-                let links = ringcc_comm::connect_between_nodes(
-                    &*store,
-                    &net.token,
-                    rank,
-                    world,
-                    &net.node,
-                    config.channels,
-                    config.geometry,
-                    deadline,
-                    &mut net.transports,
-                )
-                .map_err(Error::comm("connect_between_nodes"))?;
-                if links.order.ranks_in_order().iter().copied().ne(0..world) {
-                    return Err(Error::BadConfig {
-                        what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
-                    });
-                }
-                Some(links)
+            Some(net) => {
+                Some(net.connect(&*store, rank, world, layout, config.geometry, deadline)?)
             }
             None => None,
         };
-        let staged_in = links.as_ref().is_some_and(|l| !l.recv.is_empty());
-        let staged_out = links.as_ref().is_some_and(|l| !l.send.is_empty());
-        let region = || Region::pinned(&ctx, layout.total());
-        let (prev, inc) = if staged_in {
-            (None, Some(region()?))
-        } else {
-            (import(prev_rank)?, None)
-        };
-        let (next, out) = if staged_out {
-            (None, Some(region()?))
-        } else {
-            (import(next_rank)?, None)
-        };
-        let neighbour = |m: &Option<CudaImport>, r: &Option<Region>| match (m, r) {
-            (_, Some(r)) => Neighbour::Staged(r.addr()),
-            (Some(m), None) => Neighbour::Mapped(m.ptr()),
-            (None, None) => Neighbour::Mapped(own.ptr()),
-        };
-        let chans = layout.table_with(own.ptr(), neighbour(&prev, &inc), neighbour(&next, &out));
+        let Sides {
+            prev,
+            inc,
+            next,
+            out,
+        } = NetLinks::sides(
+            links.as_ref(),
+            || Region::pinned(&ctx, layout.total()),
+            import,
+            (prev_rank, next_rank),
+        )?;
+        let base = |m: &Option<CudaImport>| m.as_ref().map(CudaImport::ptr);
+        let chans = layout.table_with(
+            own.ptr(),
+            Neighbour::of(base(&prev), inc.as_ref(), own.ptr()),
+            Neighbour::of(base(&next), out.as_ref(), own.ptr()),
+        );
         let bytes = std::mem::size_of_val(chans.as_slice()) as u64;
         let table = DeviceAlloc::zeroed(&ctx, bytes)?;
         // SAFETY: `table` holds `bytes` bytes; `chans` is that many bytes
@@ -229,29 +210,10 @@ impl GpuRank {
             &ctx,
             (LINE_WORDS + u64::from(config.channels) * STATUS_WORDS) as usize,
         )?;
-        let between_nodes = links
-            .as_ref()
-            .and_then(|l| l.transports.0.or(l.transports.1));
+        let between_nodes = links.as_ref().and_then(NetLinks::transport);
         let proxy = match links {
-            Some(l) if staged_in || staged_out => {
-                let shape = PlanShape {
-                    ranks: world,
-                    channels: u32::from(config.channels),
-                    chunk_bytes: config.chunk_bytes,
-                    geometry: config.geometry,
-                };
-                Some(Proxy::spawn(
-                    rank,
-                    prev_rank,
-                    shape,
-                    layout,
-                    (out, l.send),
-                    (inc, l.recv),
-                    l.bell,
-                    Some(host.host_addr()),
-                )?)
-            }
-            _ => None,
+            Some(l) => l.start(rank, (out, inc), Some(host.host_addr()))?,
+            None => None,
         };
         match between_nodes {
             Some(t) => tracing::info!(
