@@ -41,7 +41,10 @@ pub fn build_to(name: &str, sources: &[(String, String)]) -> Option<(PathBuf, Pa
         eprintln!("SKIPPED: no C++ compiler (set CXX) for the host emulation");
         return None;
     };
-    let dir = std::env::temp_dir().join(format!("ringcc-{name}-{}", std::process::id()));
+    // One directory per build: tests of one binary build in parallel.
+    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ringcc-{name}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut objects = Vec::new();
     for batch in sources.chunks(2) {
