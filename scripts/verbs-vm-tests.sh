@@ -7,6 +7,8 @@
 #      shared memory inside and verbs between, and the `ringcc perf`
 #      command itself (`--backend verbs` under a launcher and with --np,
 #      `--backend host` on two RINGCC_NODEs: shm inside, verbs between);
+#      then ringcc-cuda's device loop on two "nodes" through its network
+#      proxy over verbs (backend-cuda/tests/loop_processes.rs);
 #   2. the benchmark: ib_write_bw (unidirectional, and -b bidirectional) and
 #      a 2-rank ringcc AllReduce (1 and 2 channels), 16 MiB, same device,
 #      in interleaved rounds; `ringcc perf --backend verbs` on verbs' FIFO
@@ -65,6 +67,16 @@ TEST_BIN=$(sed -n 's/.*Executable tests\/vm.rs (\(.*\))/\1/p' "$BUILD_LOG" | tai
 rm -f "$BUILD_LOG"
 [ -n "$TEST_BIN" ] || { echo "verbs-vm-tests: cannot find the vm test binary" >&2; exit 1; }
 case "$TEST_BIN" in /*) ;; *) TEST_BIN=$ROOT/$TEST_BIN;; esac
+# The device loop's network proxy over verbs (ringcc-cuda's host-C++
+# loop in processes on two "nodes"): one test of that crate's binary.
+LOOP_LOG=$(mktemp)
+if ! cargo test --release -p ringcc-cuda --test loop_processes --no-run > "$LOOP_LOG" 2>&1; then
+  cat "$LOOP_LOG" >&2; rm -f "$LOOP_LOG"; exit 1
+fi
+LOOP_BIN=$(sed -n 's/.*Executable tests\/loop_processes.rs (\(.*\))/\1/p' "$LOOP_LOG" | tail -1)
+rm -f "$LOOP_LOG"
+[ -n "$LOOP_BIN" ] || { echo "verbs-vm-tests: cannot find the loop_processes test binary" >&2; exit 1; }
+case "$LOOP_BIN" in /*) ;; *) LOOP_BIN=$ROOT/$LOOP_BIN;; esac
 RANK_BIN=$TARGET/release/examples/verbs_rank
 [ -x "$RANK_BIN" ] || { echo "verbs-vm-tests: no $RANK_BIN" >&2; exit 1; }
 # The `ringcc perf --backend verbs` command: tested (tests/vm.rs runs it as
@@ -92,7 +104,7 @@ fi
 # What runs inside the VM.
 {
   echo 'set -u'
-  printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q; PERF_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN" "$PERF_BIN"
+  printf 'OUT=%q; RANK_BIN=%q; TEST_BIN=%q; PERF_BIN=%q; LOOP_BIN=%q\n' "$RXE_VM_OUT" "$RANK_BIN" "$TEST_BIN" "$PERF_BIN" "$LOOP_BIN"
   printf 'BYTES=%q; ITERS=%q; IBW_ITERS=%q; ROUNDS=%q; RUN_TESTS=%q; RUN_BENCH=%q; BASE_BIN=%q\n' \
     "$BYTES" "$ITERS" "$IBW_ITERS" "$ROUNDS" "$RUN_TESTS" "$RUN_BENCH" "$BASE_BIN"
   printf 'FILTER=(%s)\n' "$(printf '%q ' "${FILTER[@]}")"
@@ -108,6 +120,13 @@ if [ "$RUN_TESTS" = 1 ]; then
   t0=$(date +%s)
   "$TEST_BIN" --ignored --test-threads=1 --nocapture "${FILTER[@]}" 2>&1 | tee "$OUT/tests.txt"
   trc=${PIPESTATUS[0]}
+  # ringcc-cuda's device loop across two nodes through its proxy, over verbs.
+  loop_test=two_nodes_over_verbs_on_the_device_loop_through_the_proxy
+  if [ ${#FILTER[@]} -eq 0 ] || printf '%s\n' "${FILTER[@]}" | grep -q -e device_loop -e proxy; then
+    "$LOOP_BIN" --ignored --exact "$loop_test" --nocapture 2>&1 | tee -a "$OUT/tests.txt"
+    lrc=${PIPESTATUS[0]}
+    [ "$lrc" = 0 ] || trc=$lrc
+  fi
   echo "vm: tests took $(( $(date +%s) - t0 ))s (exit $trc)"
 fi
 if [ "$RUN_BENCH" = 1 ]; then

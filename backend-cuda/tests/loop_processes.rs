@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
 use ringcc_comm::store::Store;
+use ringcc_comm::transport::Transport;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::verify::{count_wrong, fill_input};
 use ringcc_core::{Call, ChannelId, Collective, DataType, Rank, ReduceOp};
@@ -305,10 +306,15 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
     let net = nodes.then(|| NodeNet {
         token: var(TOKEN),
         node: if rank < ranks / 2 { "a" } else { "b" }.to_owned(),
-        transports: ringcc_host::transports(IpAddr::V4(Ipv4Addr::LOCALHOST), timeout)()
-            .into_iter()
-            .filter(|t| t.name() == "tcp")
-            .collect(),
+        transports: if suite == "nodes-verbs" {
+            let config = ringcc_verbs::VerbsConfig::from_env().unwrap_or_default();
+            vec![Box::new(ringcc_verbs::VerbsTransport::new(config)) as Box<dyn Transport>]
+        } else {
+            ringcc_host::transports(IpAddr::V4(Ipv4Addr::LOCALHOST), timeout)()
+                .into_iter()
+                .filter(|t| t.name() == "tcp")
+                .collect()
+        },
         chunk_bytes: SLOT_BYTES * 4,
     });
     let peers = LoopPeers::connect_nodes(
@@ -346,7 +352,7 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
             .collect::<Vec<_>>()
     };
     match suite {
-        "suite" | "nodes" => {
+        "suite" | "nodes" | "nodes-verbs" => {
             let mut jobs = Vec::new();
             let mut seq = 0;
             for c in collectives(ranks) {
@@ -496,6 +502,15 @@ fn four_processes_one_channel_on_the_device_loop() {
 #[test]
 fn two_nodes_every_collective_on_the_device_loop_through_the_proxy() {
     all_ok(job("nodes", 4, 2));
+}
+
+/// The same over RDMA verbs between the nodes (the proxy on the verbs
+/// transport, unpatched): run in the Soft-RoCE VM by
+/// `scripts/verbs-vm-tests.sh`.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn two_nodes_over_verbs_on_the_device_loop_through_the_proxy() {
+    all_ok(job("nodes-verbs", 4, 2));
 }
 
 /// Two nodes of one process each: both of a rank's hops go through its
