@@ -474,6 +474,7 @@ mod processes {
                 .filter(|t| t.name() == "tcp")
                 .collect(),
             chunk_bytes: config.chunk_bytes,
+            banner: true,
         });
         let mut g = GpuRank::init_on_nodes(0, Rank(rank), ranks, store, config, net)
             .map_err(|e| e.to_string())?;

@@ -316,6 +316,7 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
                 .collect()
         },
         chunk_bytes: SLOT_BYTES * 4,
+        banner: true,
     });
     let peers = LoopPeers::connect_nodes(
         &store,
@@ -501,7 +502,21 @@ fn four_processes_one_channel_on_the_device_loop() {
 /// over TCP — every collective, type pairs, in place, back to back.
 #[test]
 fn two_nodes_every_collective_on_the_device_loop_through_the_proxy() {
-    all_ok(job("nodes", 4, 2));
+    let exits = job("nodes", 4, 2);
+    // Rank 0's init banner says how every hop travels.
+    if let Some(e) = exits.as_ref().and_then(|e| e.first()) {
+        assert!(
+            e.out
+                .contains("ringcc INFO: 4 ranks on 2 node(s), 2 channel(s), the device loop")
+                && e.out
+                    .contains("tcp between nodes staged through host memory")
+                && e.out
+                    .contains("ring 0[a] -cuda-ipc-> 1[a] -tcp-> 2[b] -cuda-ipc-> 3[b] -tcp-> 0"),
+            "rank 0: {}",
+            e.out
+        );
+    }
+    all_ok(exits);
 }
 
 /// The same over RDMA verbs between the nodes (the proxy on the verbs

@@ -219,6 +219,9 @@ pub struct NodeNet {
     /// The chunk size of every call's plan (the proxy cuts slices from
     /// it).
     pub chunk_bytes: u64,
+    /// Rank 0 prints the init banner (ranks, nodes, channels, how each
+    /// hop travels), as `RINGCC_DEBUG=INFO` asks of the communicator.
+    pub banner: bool,
 }
 
 impl std::fmt::Debug for NodeNet {
@@ -276,10 +279,9 @@ impl NodeNet {
     pub(crate) fn connect(
         mut self,
         store: &dyn Store,
-        rank: Rank,
-        world: u32,
+        (rank, world): (Rank, u32),
         layout: RegionLayout,
-        geometry: FifoGeometry,
+        (geometry, staging): (FifoGeometry, &str),
         deadline: Instant,
     ) -> Result<NetLinks> {
         let links = ringcc_comm::connect_between_nodes(
@@ -299,7 +301,7 @@ impl NodeNet {
                 what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
             });
         }
-        Ok(NetLinks {
+        let links = NetLinks {
             links,
             shape: PlanShape {
                 ranks: world,
@@ -308,7 +310,11 @@ impl NodeNet {
                 geometry,
             },
             layout,
-        })
+        };
+        if self.banner && rank == Rank(0) {
+            eprintln!("{}", links.banner(staging));
+        }
+        Ok(links)
     }
 }
 
@@ -364,6 +370,32 @@ impl NetLinks {
             next,
             out,
         })
+    }
+
+    /// The init banner: ranks, nodes, channels, and each hop of the ring
+    /// with how it travels (`cuda-ipc` inside a node; between nodes this
+    /// rank's transport, staged through `staging`).
+    pub(crate) fn banner(&self, staging: &str) -> String {
+        let peers = &self.links.peers;
+        let mut nodes: Vec<&str> = peers.iter().map(|p| p.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let net = self.transport().unwrap_or("none");
+        let mut s = format!(
+            "ringcc INFO: {} ranks on {} node(s), {} channel(s), the device loop; CUDA IPC inside a \
+             node, {net} between nodes staged through {staging} by each rank's proxy \
+             (GPUDirect RDMA: not used)\nringcc INFO: ring",
+            peers.len(),
+            nodes.len(),
+            self.layout.channels(),
+        );
+        for (r, p) in peers.iter().enumerate() {
+            let next = &peers[(r + 1) % peers.len()];
+            let hop = if p.node == next.node { "cuda-ipc" } else { net };
+            s.push_str(&format!(" {r}[{}] -{hop}->", p.node));
+        }
+        s.push_str(" 0");
+        s
     }
 
     /// The transport between the nodes, if a hop leaves this one.
@@ -459,7 +491,13 @@ impl LoopPeers {
             Rank((rank.0 + 1) % world),
         );
         let links = match net {
-            Some(net) => Some(net.connect(store, rank, world, layout, geometry, deadline)?),
+            Some(net) => Some(net.connect(
+                store,
+                (rank, world),
+                layout,
+                (geometry, "host memory"),
+                deadline,
+            )?),
             None => None,
         };
         let Sides {

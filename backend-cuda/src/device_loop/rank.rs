@@ -178,9 +178,13 @@ impl GpuRank {
             Rank((rank.0 + 1) % world),
         );
         let links = match net {
-            Some(net) => {
-                Some(net.connect(&*store, rank, world, layout, config.geometry, deadline)?)
-            }
+            Some(net) => Some(net.connect(
+                &*store,
+                (rank, world),
+                layout,
+                (config.geometry, "pinned host memory"),
+                deadline,
+            )?),
             None => None,
         };
         let Sides {
