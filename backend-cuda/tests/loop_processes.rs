@@ -246,6 +246,9 @@ impl RankLoop {
 
     /// Runs `jobs` back to back on every block of this rank.
     fn run(&self, lib: &libloading::Library, jobs: &[Job]) {
+        if let Some(p) = self.peers.proxy() {
+            p.wake();
+        }
         let fns: Vec<(LoopFn, RcLoopArgs)> = jobs
             .iter()
             .map(|j| {
@@ -373,7 +376,16 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
                 ));
                 seq += 1;
             }
-            me.run(&lib, &jobs);
+            if nodes {
+                // Half, a pause long enough for the proxy to doze off, the
+                // rest: a woken proxy serves calls as before.
+                let (a, b) = jobs.split_at(jobs.len() / 2);
+                me.run(&lib, a);
+                std::thread::sleep(Duration::from_millis(400));
+                me.run(&lib, b);
+            } else {
+                me.run(&lib, &jobs);
+            }
             if let Some(e) = status_error(statuses(&me), timeout) {
                 return Err(format!("a block failed: {e}"));
             }

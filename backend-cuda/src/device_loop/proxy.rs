@@ -286,6 +286,9 @@ struct Work {
 /// the module documentation.
 pub struct Proxy {
     stop: Arc<AtomicBool>,
+    /// Set by [`wake`](Proxy::wake): a call is coming.
+    woken: Arc<AtomicBool>,
+    bell: Arc<dyn Bell>,
     abort: Arc<AtomicU64>,
     failure: Arc<Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
@@ -307,8 +310,13 @@ impl std::fmt::Debug for Proxy {
 /// Polls without news before the thread yields, and before it sleeps.
 const SPIN: u32 = 64;
 const YIELD: u32 = 512;
-/// The longest a sleep lasts (network news rings the bell sooner).
+/// The longest a sleep lasts (network news rings the bell sooner)…
 const NAP: Duration = Duration::from_micros(50);
+/// …and, once the proxy has found nothing for [`DOZE_AFTER`] sleeps in a
+/// row (a rank between calls), the longest: the rank rings the bell when
+/// it launches a call ([`Proxy::wake`]), so a call does not wait for it.
+const DOZE: Duration = Duration::from_millis(2);
+const DOZE_AFTER: u32 = 2000;
 
 impl Proxy {
     /// Starts the proxy of rank `me` (predecessor `prev`): `send` holds a
@@ -369,14 +377,21 @@ impl Proxy {
                 .collect(),
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let woken = Arc::new(AtomicBool::new(false));
         let abort = Arc::new(AtomicU64::new(0));
         let failure = Arc::new(Mutex::new(None));
         let thread = {
-            let (stop, abort, failure) = (stop.clone(), abort.clone(), failure.clone());
+            let (stop, abort, failure, bell, woken) = (
+                stop.clone(),
+                abort.clone(),
+                failure.clone(),
+                bell.clone(),
+                woken.clone(),
+            );
             std::thread::Builder::new()
                 .name(format!("ringcc-proxy-{}", me.0))
                 .spawn(move || {
-                    if let Err(e) = work.run(&stop, &*bell) {
+                    if let Err(e) = work.run(&stop, &woken, &*bell) {
                         if let Ok(mut f) = failure.lock() {
                             *f = Some(e.to_string());
                         }
@@ -395,12 +410,21 @@ impl Proxy {
         };
         Ok(Proxy {
             stop,
+            woken,
+            bell,
             abort,
             failure,
             thread: Some(thread),
             out,
             inc,
         })
+    }
+
+    /// Wakes the proxy from an idle sleep: the rank is about to launch a
+    /// call whose slices it will ship.
+    pub fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        self.bell.ring();
     }
 
     /// The word the proxy raises (to 1) when it fails: the loop's abort
@@ -418,6 +442,7 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.bell.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -425,7 +450,7 @@ impl Drop for Proxy {
 }
 
 impl Work {
-    fn run(mut self, stop: &AtomicBool, bell: &dyn Bell) -> Result<()> {
+    fn run(mut self, stop: &AtomicBool, woken: &AtomicBool, bell: &dyn Bell) -> Result<()> {
         let mut idle = 0u32;
         while !stop.load(Ordering::Acquire) {
             let mut busy = false;
@@ -445,10 +470,19 @@ impl Work {
             } else if idle < YIELD {
                 std::thread::yield_now();
             } else {
-                // The loop's counters ring no bell: nap briefly; a
-                // transport's reader rings it when the network has news.
+                // The loop's counters ring no bell: nap briefly (longer
+                // when long idle); a transport's reader rings it when the
+                // network has news, the rank when it launches a call.
+                let nap = if idle - YIELD > DOZE_AFTER { DOZE } else { NAP };
                 let ticket = bell.arm();
-                bell.sleep(ticket, NAP);
+                // A wake before the arm is in the flag, one after it in
+                // the bell: neither is lost.
+                if woken.swap(false, Ordering::AcqRel) {
+                    bell.disarm();
+                    idle = 0;
+                    continue;
+                }
+                bell.sleep(ticket, nap);
                 bell.disarm();
             }
         }

@@ -433,6 +433,10 @@ impl GpuRank {
             op: call.desc(self.seq).op,
         };
         let f = self.function(module)?;
+        if let Some(p) = &self.proxy {
+            // Its slices are about to come: no idle sleep in their way.
+            p.wake();
+        }
         let stream = self.stream.clone();
         let mut args = super::loop_args(
             plan,
