@@ -15,6 +15,7 @@ mod procs;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringcc_comm::store::tcp::{TcpStore, TcpStoreServer};
@@ -24,6 +25,7 @@ use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::verify::{count_wrong, fill_input};
 use ringcc_core::{Call, ChannelId, Collective, DataType, Rank, ReduceOp};
 use ringcc_cuda::device_loop::abi::{self, RcLoopArgs, RcStatus};
+use ringcc_cuda::device_loop::abort::JobAbort;
 use ringcc_cuda::device_loop::peers::{LoopPeers, NodeNet};
 use ringcc_cuda::device_loop::{loop_args, status_error};
 use ringcc_cuda::kernel::{loop_source, loop_symbol, ModuleKey};
@@ -141,6 +143,8 @@ struct RankLoop {
     peers: LoopPeers,
     status: Box<[AtomicU64]>,
     abort: Box<AtomicU64>,
+    /// The job-wide abort (the "aborted" suite): its word is the loop's.
+    job: Option<JobAbort>,
     shared: Vec<BlockShared>,
 }
 
@@ -187,10 +191,11 @@ impl RankLoop {
             (
                 self.peers.table().as_ptr() as u64,
                 self.status.as_ptr() as u64,
-                self.peers
-                    .proxy()
-                    .map_or(self.abort.as_ptr(), |p| p.abort_word().as_ptr())
-                    as u64,
+                match (&self.job, self.peers.proxy()) {
+                    (Some(j), _) => j.word().as_ptr(),
+                    (None, Some(p)) => p.abort_word().as_ptr(),
+                    (None, None) => self.abort.as_ptr(),
+                } as u64,
             ),
         );
         Job {
@@ -295,7 +300,7 @@ fn collectives(n: u32) -> Vec<Collective> {
 
 fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, String> {
     let var = |k: &str| std::env::var(k).unwrap();
-    let timeout = if suite.ends_with("killed") {
+    let timeout = if suite.ends_with("killed") || suite == "aborted" {
         SHORT
     } else {
         Duration::from_secs(60)
@@ -348,6 +353,14 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
             .map(|_| AtomicU64::new(0))
             .collect(),
         abort: Box::new(AtomicU64::new(0)),
+        job: if suite == "aborted" {
+            // The watcher's own connection to the job's store.
+            let s = TcpStore::connect(&var(STORE), &var(TOKEN), Rank(rank), ranks, timeout)
+                .map_err(|e| format!("store: {e}"))?;
+            Some(JobAbort::watch(Arc::new(s), Rank(rank)).map_err(|e| e.to_string())?)
+        } else {
+            None
+        },
         shared: (0..channels).map(|_| BlockShared::default()).collect(),
     };
     let statuses = |me: &RankLoop| {
@@ -435,6 +448,39 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
                 }
             }
             Ok(format!("{} calls", jobs.len()))
+        }
+        "aborted" => {
+            // Rank 1 aborts the job mid-call; every rank's loop stops
+            // with the abort, well before its timeout.
+            let job = me.job.as_ref().ok_or("no job abort")?;
+            std::thread::scope(|sc| {
+                if rank == 1 {
+                    sc.spawn(|| {
+                        std::thread::sleep(Duration::from_millis(300));
+                        job.abort("the test says so").unwrap();
+                    });
+                }
+                let mut seq = 0;
+                loop {
+                    let jobs: Vec<Job> = (0..4)
+                        .map(|k| {
+                            me.job(
+                                Call::all_reduce(20_000, DataType::F32, ReduceOp::Sum),
+                                false,
+                                seq + k,
+                            )
+                        })
+                        .collect();
+                    seq += 4;
+                    let t = Instant::now();
+                    me.run(&lib, &jobs);
+                    if let Some(e) = status_error(statuses(&me), timeout) {
+                        let why = job.aborted().map(|a| a.to_string()).unwrap_or_default();
+                        println!("FAILED after {} ms: {e}; {why}", t.elapsed().as_millis());
+                        return Err(e.to_string());
+                    }
+                }
+            })
         }
         "killed" | "nodes-killed" => {
             if rank == 1 {
@@ -560,6 +606,34 @@ fn a_killed_rank_is_a_timeout_on_the_device_loop() {
 #[test]
 fn a_killed_rank_on_another_node_ends_the_others_on_the_device_loop() {
     killed("nodes-killed", 4);
+}
+
+/// Rank 1 aborts the job (`JobAbort::abort`) mid-call: every rank's loop
+/// stops with the abort named (rank 1, its reason) within a fraction of
+/// the loop's timeout.
+#[test]
+fn an_abort_reaches_every_rank_on_the_device_loop() {
+    let Some(exits) = job("aborted", 3, 2) else {
+        return;
+    };
+    for (r, e) in exits.iter().enumerate() {
+        assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
+        let line = e
+            .out
+            .lines()
+            .find(|l| l.starts_with("FAILED "))
+            .unwrap_or_else(|| panic!("rank {r}: {}", e.out));
+        assert!(
+            line.contains("aborted by the host")
+                && line.contains("rank 1 aborted: the test says so"),
+            "rank {r}: {line}"
+        );
+        let ms: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(
+            ms < SHORT.as_millis() as u64,
+            "rank {r} took the timeout: {line}"
+        );
+    }
 }
 
 fn killed(suite: &str, ranks: u32) {

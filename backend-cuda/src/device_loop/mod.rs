@@ -65,6 +65,7 @@
 //! `CUDA_LAUNCH_BLOCKING=1`) ends in a timeout error, not a hang.
 
 pub mod abi;
+pub mod abort;
 pub(crate) mod gpu;
 pub mod peers;
 pub mod proxy;

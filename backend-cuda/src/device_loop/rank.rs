@@ -25,6 +25,7 @@ use ringcc_core::prim::check_start;
 use ringcc_core::{Call, ChannelId, Collective, InOrderRing, Rank, ReduceOp};
 
 use super::abi::{self, RcStatus};
+use super::abort::JobAbort;
 use super::gpu::{loop_ptx, HostMapped, MIN_ARCH};
 use super::peers::{wait_key, Neighbour, NetLinks, NodeNet, RegionLayout, Sides};
 use super::proxy::{Proxy, Region};
@@ -49,9 +50,11 @@ fn key(rank: Rank) -> String {
 /// One rank of a job of processes, on one GPU. See the module
 /// documentation.
 pub struct GpuRank {
-    // Stopped first (after `Drop` synchronized the kernels): it raises the
-    // abort word in `host` and serves the staging regions the table names.
+    // Stopped first (after `Drop` synchronized the kernels): they raise
+    // the abort word in `host`, and the proxy serves the staging regions
+    // the table names.
     proxy: Option<Proxy>,
+    job_abort: JobAbort,
     /// How the hops between nodes travel (for the banner and `Debug`).
     between_nodes: Option<&'static str>,
     rank: Rank,
@@ -236,8 +239,10 @@ impl GpuRank {
                 "ringcc-cuda: GPU rank on the device loop, CUDA IPC to its neighbours"
             ),
         }
+        let job_abort = JobAbort::watch_also(Arc::clone(&store), rank, Some(host.host_addr()))?;
         Ok(GpuRank {
             proxy,
+            job_abort,
             between_nodes,
             rank,
             world,
@@ -545,9 +550,17 @@ impl GpuRank {
                 }),
                 None => Ok(()),
             });
-        // A loop stopped by its proxy: the proxy's failure is the cause.
+        // A loop stopped by the job's abort or by its proxy: that is the
+        // cause.
+        let r = match (r, self.job_abort.aborted()) {
+            (Err(_), Some(source)) => Err(Error::Comm {
+                call: "the job's abort",
+                source,
+            }),
+            (r, _) => r,
+        };
         let r = match (r, self.proxy.as_ref().and_then(Proxy::failure)) {
-            (Err(_), Some(f)) => Err(Error::Poisoned {
+            (Err(Error::Poisoned { .. }), Some(f)) => Err(Error::Poisoned {
                 cause: format!("the network proxy failed: {f}"),
             }),
             (r, _) => r,
@@ -585,6 +598,18 @@ impl GpuRank {
             });
         }
         Ok(())
+    }
+
+    /// Aborts the job (`ncclCommAbort`): this rank's loops stop at once,
+    /// every other rank's within [`WATCH_EVERY`](super::abort::WATCH_EVERY)
+    /// of the notice this posts in the store; their calls then fail with
+    /// the abort (naming this rank and `reason`) and the ranks take no
+    /// more calls.
+    pub fn abort(&mut self, reason: &str) -> Result<()> {
+        let r = self.job_abort.abort(reason);
+        self.poisoned
+            .get_or_insert_with(|| format!("rank {} aborted: {reason}", self.rank.0));
+        r
     }
 
     /// `(recv_next, send_next)` of channel `c`: what the loop keeps in
