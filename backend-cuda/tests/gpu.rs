@@ -560,6 +560,35 @@ mod processes {
         Ok(runs)
     }
 
+    /// `GpuRank::split` by parity (key: reversed rank, so the halves'
+    /// ranks are reversed too) and an AllReduce in each half, checked.
+    fn split(store: Arc<dyn Store>, rank: u32) -> Result<(), String> {
+        let config = Config::small(1024, 2).map_err(|e| e.to_string())?;
+        let mut g = GpuRank::init(0, Rank(rank), 4, store, config).map_err(|e| e.to_string())?;
+        let mut half = g
+            .split(Some(rank % 2), 10 - rank)
+            .map_err(|e| e.to_string())?
+            .ok_or("no group")?;
+        if (half.rank().0, half.world_size()) != (1 - rank / 2, 2) {
+            return Err(format!("rank {rank}: split rank {:?}", half.rank()));
+        }
+        let s = half.stream().clone();
+        let x = s
+            .clone_htod(&vec![rank as f32 + 1.0; 1000])
+            .map_err(|e| e.to_string())?;
+        let mut y = s.alloc_zeros::<f32>(1000).map_err(|e| e.to_string())?;
+        half.all_reduce(&x, &mut y, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        half.synchronize().map_err(|e| e.to_string())?;
+        let got = s.clone_dtoh(&y).map_err(|e| e.to_string())?;
+        let want = if rank.is_multiple_of(2) { 1.0 + 3.0 } else { 2.0 + 4.0 };
+        if got.iter().any(|&v| v != want) {
+            return Err(format!("rank {rank}: split all_reduce gave {}", got[0]));
+        }
+        half.close().map_err(|e| e.to_string())?;
+        g.close().map_err(|e| e.to_string())
+    }
+
     /// AllReduce f32 busbw at 64 MiB … 1 GiB with NCCL's geometry.
     fn bandwidth(store: Arc<dyn Store>, rank: u32, ranks: u32) -> Result<(), String> {
         let config = Config::default();
@@ -618,6 +647,9 @@ mod processes {
             ranks,
         )
         .and_then(|runs| {
+            if ranks == 4 && var(NODES) != "1" {
+                split(Arc::new(PrefixStore::new(store.clone(), "split/")), rank)?;
+            }
             if var(BW) == "1" {
                 bandwidth(
                     Arc::new(PrefixStore::new(store.clone(), "bw/")),

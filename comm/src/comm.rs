@@ -28,6 +28,68 @@ pub type Transports = Arc<dyn Fn() -> Vec<Box<dyn Transport>> + Send + Sync>;
 /// The counter of ranks that closed the communicator.
 const CLOSED_KEY: &str = "closed";
 
+/// Where a rank lands in a split ([`split_place`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitPlace {
+    /// Its rank in the new group.
+    pub rank: Rank,
+    /// The new group's size.
+    pub world: u32,
+    /// The store prefix (and token suffix) that keeps the new group's
+    /// keys apart from every other group's.
+    pub prefix: String,
+}
+
+/// Split number `n` of a job (`ncclCommSplit`): every rank of `world`
+/// posts its `(color, key)` under the store's `split/{n}` keys and reads
+/// everyone's; the ranks of one color form a group, ordered by key, then
+/// by old rank. `None` for a rank without a color (it joins no group).
+/// Every rank calls it with the same `n`; nothing waits past `deadline`.
+pub fn split_place(
+    store: &dyn Store,
+    n: u64,
+    (rank, world): (Rank, u32),
+    (color, key): (Option<u32>, u32),
+    deadline: Instant,
+) -> Result<Option<SplitPlace>> {
+    let mine = format!("{}:{key}", color.map_or(-1, i64::from));
+    let all = gather(
+        store,
+        &format!("split/{n}"),
+        (rank, mine.as_bytes()),
+        world,
+        deadline,
+    )?;
+    let Some(color) = color else {
+        return Ok(None);
+    };
+    let mut members = Vec::new();
+    for (r, v) in all.iter().enumerate() {
+        let s = String::from_utf8_lossy(v);
+        let (c, k) = s
+            .split_once(':')
+            .and_then(|(c, k)| Some((c.parse::<i64>().ok()?, k.parse::<u32>().ok()?)))
+            .ok_or_else(|| Error::Store {
+                call: "get",
+                key: format!("split/{n}/{r}"),
+                source: format!("not a split request: {s:?}").into(),
+            })?;
+        if c == i64::from(color) {
+            members.push((k, r as u32));
+        }
+    }
+    members.sort_unstable();
+    let new_rank = members
+        .iter()
+        .position(|&(_, r)| r == rank.0)
+        .ok_or_else(|| Error::Internal("this rank is missing from its split".into()))?;
+    Ok(Some(SplitPlace {
+        rank: Rank(new_rank as u32),
+        world: members.len() as u32,
+        prefix: format!("split{n}/c{color}"),
+    }))
+}
+
 /// How often the watcher looks for the job's abort notice.
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
@@ -476,42 +538,24 @@ impl Communicator {
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
         let n = self.splits.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.options.timeout;
-        let mine = format!("{}:{key}", color.map_or(-1, i64::from));
-        let all = gather(
+        let Some(SplitPlace {
+            rank,
+            world,
+            prefix,
+        }) = split_place(
             &*self.shared.store,
-            &format!("split/{n}"),
-            (self.rank(), mine.as_bytes()),
-            self.world_size(),
+            n,
+            (self.rank(), self.world_size()),
+            (color, key),
             deadline,
-        )?;
-        let Some(color) = color else {
+        )?
+        else {
             return Ok(None);
         };
-        let mut members = Vec::new();
-        for (r, v) in all.iter().enumerate() {
-            let s = String::from_utf8_lossy(v);
-            let (c, k) = s
-                .split_once(':')
-                .and_then(|(c, k)| Some((c.parse::<i64>().ok()?, k.parse::<u32>().ok()?)))
-                .ok_or_else(|| Error::Store {
-                    call: "get",
-                    key: format!("split/{n}/{r}"),
-                    source: format!("not a split request: {s:?}").into(),
-                })?;
-            if c == i64::from(color) {
-                members.push((k, r as u32));
-            }
-        }
-        members.sort_unstable();
-        let new_rank = members
-            .iter()
-            .position(|&(_, r)| r == self.rank().0)
-            .ok_or_else(|| Error::Internal("this rank is missing from its split".into()))?;
-        let prefix = format!("split{n}/c{color}");
         let store = Arc::new(PrefixStore::new(Arc::clone(&self.shared.store), &prefix));
         Communicator::new(
-            Rank(new_rank as u32),
-            members.len() as u32,
+            rank,
+            world,
             store,
             &format!("{}/{prefix}", self.token),
             self.options.clone(),

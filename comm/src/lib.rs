@@ -62,7 +62,7 @@ pub mod transport;
 mod work;
 
 pub use bell::{BellWords, LocalBell};
-pub use comm::{resolve, Communicator, Group, Transports};
+pub use comm::{resolve, split_place, Communicator, Group, SplitPlace, Transports};
 pub use connect::{connect_between_nodes, NodeLinks};
 pub use element::Element;
 pub use error::{BoxError, Error, Result};

@@ -20,7 +20,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ringcc_comm::launch::Launch;
 use ringcc_comm::store::tcp::TcpStoreServer;
-use ringcc_comm::store::Store;
+use ringcc_comm::store::{PrefixStore, Store};
 use ringcc_core::prim::check_start;
 use ringcc_core::{Call, ChannelId, Collective, InOrderRing, Rank, ReduceOp};
 
@@ -55,6 +55,8 @@ pub struct GpuRank {
     // the table names.
     proxy: Option<Proxy>,
     job_abort: JobAbort,
+    /// Splits made so far (each one's store keys are its own).
+    splits: u64,
     /// How the hops between nodes travel (for the banner and `Debug`).
     between_nodes: Option<&'static str>,
     rank: Rank,
@@ -243,6 +245,7 @@ impl GpuRank {
         Ok(GpuRank {
             proxy,
             job_abort,
+            splits: 0,
             between_nodes,
             rank,
             world,
@@ -610,6 +613,29 @@ impl GpuRank {
         self.poisoned
             .get_or_insert_with(|| format!("rank {} aborted: {reason}", self.rank.0));
         r
+    }
+
+    /// Splits the job (`ncclCommSplit`): every rank calls it (splits in
+    /// the same order on every rank); the ranks that give the same
+    /// `color` form a new `GpuRank` on this rank's GPU, ranked by `key`,
+    /// then by rank; `None` for a rank without a color. The new group
+    /// reaches its members over CUDA IPC, so they must share a node (a
+    /// group across nodes is made with [`init_on_nodes`](GpuRank::init_on_nodes)).
+    pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<GpuRank>> {
+        let n = self.splits;
+        self.splits += 1;
+        let deadline = Instant::now() + self.config.timeout;
+        let ours: Arc<dyn Store> =
+            Arc::new(PrefixStore::new(Arc::clone(&self.store), "cuda-ipc-gpu"));
+        let Some(place) =
+            ringcc_comm::split_place(&*ours, n, (self.rank, self.world), (color, key), deadline)
+                .map_err(Error::comm("split_place"))?
+        else {
+            return Ok(None);
+        };
+        let store = Arc::new(PrefixStore::new(ours, place.prefix));
+        let ordinal = self.ctx.ordinal();
+        GpuRank::init(ordinal, place.rank, place.world, store, self.config).map(Some)
     }
 
     /// `(recv_next, send_next)` of channel `c`: what the loop keeps in
