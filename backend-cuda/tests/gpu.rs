@@ -581,7 +581,11 @@ mod processes {
             .map_err(|e| e.to_string())?;
         half.synchronize().map_err(|e| e.to_string())?;
         let got = s.clone_dtoh(&y).map_err(|e| e.to_string())?;
-        let want = if rank.is_multiple_of(2) { 1.0 + 3.0 } else { 2.0 + 4.0 };
+        let want = if rank.is_multiple_of(2) {
+            1.0 + 3.0
+        } else {
+            2.0 + 4.0
+        };
         if got.iter().any(|&v| v != want) {
             return Err(format!("rank {rank}: split all_reduce gave {}", got[0]));
         }

@@ -460,26 +460,10 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
                         job.abort("the test says so").unwrap();
                     });
                 }
-                let mut seq = 0;
-                loop {
-                    let jobs: Vec<Job> = (0..4)
-                        .map(|k| {
-                            me.job(
-                                Call::all_reduce(20_000, DataType::F32, ReduceOp::Sum),
-                                false,
-                                seq + k,
-                            )
-                        })
-                        .collect();
-                    seq += 4;
-                    let t = Instant::now();
-                    me.run(&lib, &jobs);
-                    if let Some(e) = status_error(statuses(&me), timeout) {
-                        let why = job.aborted().map(|a| a.to_string()).unwrap_or_default();
-                        println!("FAILED after {} ms: {e}; {why}", t.elapsed().as_millis());
-                        return Err(e.to_string());
-                    }
-                }
+                let (ms, e) = until_failure(&me, &lib, timeout);
+                let why = job.aborted().map(|a| a.to_string()).unwrap_or_default();
+                println!("FAILED after {ms} ms: {e}; {why}");
+                Err(e.to_string())
             })
         }
         "killed" | "nodes-killed" => {
@@ -490,32 +474,44 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
                     let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
                 });
             }
-            let mut seq = 0;
-            loop {
-                let jobs: Vec<Job> = (0..4)
-                    .map(|k| {
-                        me.job(
-                            Call::all_reduce(20_000, DataType::F32, ReduceOp::Sum),
-                            false,
-                            seq + k,
-                        )
-                    })
-                    .collect();
-                seq += 4;
-                let t = Instant::now();
-                me.run(&lib, &jobs);
-                if let Some(e) = status_error(statuses(&me), timeout) {
-                    let kind = match e {
-                        ringcc_cuda::Error::Timeout { .. } => "Timeout",
-                        ringcc_cuda::Error::Poisoned { .. } => "Poisoned",
-                        _ => "other",
-                    };
-                    println!("FAILED {kind} after {} ms: {e}", t.elapsed().as_millis());
-                    return Err(e.to_string());
-                }
-            }
+            let (ms, e) = until_failure(&me, &lib, timeout);
+            let kind = match e {
+                ringcc_cuda::Error::Timeout { .. } => "Timeout",
+                ringcc_cuda::Error::Poisoned { .. } => "Poisoned",
+                _ => "other",
+            };
+            println!("FAILED {kind} after {ms} ms: {e}");
+            Err(e.to_string())
         }
         _ => Err("unknown suite".into()),
+    }
+}
+
+/// Runs AllReduces, four at a time, until a block fails: how long the
+/// failing batch ran (ms) and the failure.
+fn until_failure(
+    me: &RankLoop,
+    lib: &libloading::Library,
+    timeout: Duration,
+) -> (u128, ringcc_cuda::Error) {
+    let mut seq = 0;
+    loop {
+        let jobs: Vec<Job> = (0..4)
+            .map(|k| {
+                me.job(
+                    Call::all_reduce(20_000, DataType::F32, ReduceOp::Sum),
+                    false,
+                    seq + k,
+                )
+            })
+            .collect();
+        seq += 4;
+        let t = Instant::now();
+        me.run(lib, &jobs);
+        let statuses = (0..me.channels).map(|c| (Rank(me.rank), ChannelId(c), me.status(c)));
+        if let Some(e) = status_error(statuses, timeout) {
+            return (t.elapsed().as_millis(), e);
+        }
     }
 }
 
