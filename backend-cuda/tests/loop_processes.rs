@@ -613,12 +613,7 @@ fn an_abort_reaches_every_rank_on_the_device_loop() {
         return;
     };
     for (r, e) in exits.iter().enumerate() {
-        assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
-        let line = e
-            .out
-            .lines()
-            .find(|l| l.starts_with("FAILED "))
-            .unwrap_or_else(|| panic!("rank {r}: {}", e.out));
+        let line = failed_line(r, e);
         assert!(
             line.contains("aborted by the host")
                 && line.contains("rank 1 aborted: the test says so"),
@@ -632,19 +627,22 @@ fn an_abort_reaches_every_rank_on_the_device_loop() {
     }
 }
 
+/// Rank `r`'s `FAILED …` line; it must have exited with the failure.
+fn failed_line(r: usize, e: &Exit) -> &str {
+    assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
+    e.out
+        .lines()
+        .find(|l| l.starts_with("FAILED "))
+        .unwrap_or_else(|| panic!("rank {r}: {}", e.out))
+}
+
 fn killed(suite: &str, ranks: u32) {
     let Some(exits) = job(suite, ranks, 2) else {
         return;
     };
     assert_eq!(exits[1].code, None, "rank 1 was killed: {}", exits[1].out);
     for r in (0..ranks as usize).filter(|&r| r != 1) {
-        let e = &exits[r];
-        assert_eq!(e.code, Some(2), "rank {r}: {}", e.out);
-        let line = e
-            .out
-            .lines()
-            .find(|l| l.starts_with("FAILED "))
-            .unwrap_or_else(|| panic!("rank {r}: {}", e.out));
+        let line = failed_line(r, &exits[r]);
         let w: Vec<&str> = line.split_whitespace().collect();
         assert!(matches!(w[1], "Timeout" | "Poisoned"), "rank {r}: {line}");
         let ms: u64 = w[3].parse().unwrap();
