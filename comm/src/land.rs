@@ -16,6 +16,7 @@
 
 use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::plan::Steps;
+use ringcc_core::prim::{slice_count, slice_range};
 use ringcc_core::{CallDesc, ChannelId, Plan, Primitive, Rank};
 
 use crate::buffer::Buffers;
@@ -132,13 +133,12 @@ impl Lands {
             l.count = s.count;
             l.output_offset = s.output_offset;
             l.slice = 0;
-            l.slices = s.count.div_ceil(se).max(1);
+            l.slices = slice_count(s.count, se);
         }
         if step < l.at || !l.prim.contains(Primitive::COPY) || l.prim.contains(Primitive::REDUCE) {
             return None;
         }
-        let lo = (l.slice * se).min(l.count);
-        let hi = (lo + se).min(l.count);
+        let (lo, hi) = slice_range(l.count, se, l.slice);
         let part = step - l.at;
         let from = part.checked_mul(sb)?;
         let bytes = (hi - lo).checked_mul(elem)?;

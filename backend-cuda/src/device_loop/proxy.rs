@@ -35,7 +35,7 @@ use std::time::Duration;
 use ringcc_comm::transport::{Bell, RecvEnd, SendEnd};
 use ringcc_core::fifo::{slot_of, FifoGeometry};
 use ringcc_core::plan::Steps;
-use ringcc_core::prim::{Primitive, SlotSpan};
+use ringcc_core::prim::{slice_count, slice_range, Primitive, SlotSpan};
 use ringcc_core::progress::Event;
 use ringcc_core::wire::call_header::CallHeaderRepr;
 use ringcc_core::{Call, CallDesc, ChannelId, InOrderRing, Protocol, Rank};
@@ -107,11 +107,10 @@ impl Iterator for SendSizes {
                 continue;
             }
             self.count = step.count;
-            self.slices = step.count.div_ceil(self.slice_elems.max(1)).max(1);
+            self.slices = slice_count(step.count, self.slice_elems);
             self.slice = 0;
         }
-        let lo = (self.slice * self.slice_elems).min(self.count);
-        let hi = (lo + self.slice_elems).min(self.count);
+        let (lo, hi) = slice_range(self.count, self.slice_elems, self.slice);
         self.slice += 1;
         usize::try_from((hi - lo) * self.elem).ok()
     }

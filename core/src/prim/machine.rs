@@ -4,7 +4,6 @@ use crate::error::{Error, ProtocolViolation};
 use crate::fifo::{can_recv, can_send, slot_of, FifoGeometry, STEPS};
 use crate::id::{ChunkId, SlotIndex};
 use crate::log;
-use crate::math::div_up;
 use crate::plan::{CallDesc, Plan, Step, Steps};
 use crate::prim::Primitive;
 use crate::topology::RingOrder;
@@ -671,9 +670,8 @@ impl<M: RingOrder> Machine<M> {
             Some(s) if !self.header_sent && s.step == self.send_start => Some(self.call),
             _ => None,
         };
+        let (lo, hi) = super::slice_range(step.count, self.slice_elems, u64::from(self.slice));
         let slice = u64::from(self.slice);
-        let lo = slice.saturating_mul(self.slice_elems).min(step.count);
-        let hi = lo.saturating_add(self.slice_elems).min(step.count);
         Exec {
             primitive: p,
             chunk: step.chunk,
@@ -703,15 +701,8 @@ impl<M: RingOrder> Machine<M> {
         if !self.has_current {
             match self.steps.next() {
                 Some(step) => {
-                    let elem = u64::from(self.elem);
-                    let bytes = step.count.saturating_mul(elem);
-                    let slice_bytes = self.slice_elems.saturating_mul(elem);
-                    // Most steps fit in one slice: no division for them.
-                    self.slices = if bytes <= slice_bytes {
-                        1
-                    } else {
-                        u32::try_from(div_up(bytes, slice_bytes)).unwrap_or(u32::MAX)
-                    };
+                    self.slices = u32::try_from(super::slice_count(step.count, self.slice_elems))
+                        .unwrap_or(u32::MAX);
                     self.slice = 0;
                     self.current = step;
                     self.has_current = true;

@@ -98,6 +98,32 @@ impl core::fmt::Display for Primitive {
     }
 }
 
+/// The number of FIFO slices a step of `count` elements is cut into, at
+/// most `slice_elems` each: one for a step that fits (an empty step sends
+/// one empty slice), else `⌈count / slice_elems⌉`. The core's [`Machine`]
+/// cuts steps so, and so must every backend that needs a step's slices
+/// without running a machine (a network proxy, a receive landing in
+/// place).
+#[inline(always)]
+pub const fn slice_count(count: u64, slice_elems: u64) -> u64 {
+    // Most steps fit in one slice: no division for them.
+    if count <= slice_elems {
+        1
+    } else {
+        crate::math::div_up(count, slice_elems)
+    }
+}
+
+/// Elements `[lo, hi)` of slice `k` of a step of `count` elements cut as
+/// [`slice_count`] cuts it (empty past the step's end).
+#[inline(always)]
+pub const fn slice_range(count: u64, slice_elems: u64, k: u64) -> (u64, u64) {
+    let lo = k.saturating_mul(slice_elems);
+    let lo = if lo < count { lo } else { count };
+    let hi = lo.saturating_add(slice_elems);
+    (lo, if hi < count { hi } else { count })
+}
+
 mod machine;
 mod tree;
 
