@@ -172,6 +172,38 @@ fn open_end(
 /// not wait for an acknowledgement). The socket buffers are left to the
 /// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no
 /// faster.
+/// The bytes of slot `slot`'s first `len` bytes in a FIFO of
+/// [`STEPS`](ringcc_core::fifo::STEPS) slots of `slot_bytes` each (a
+/// receiving end's slots, a sending end's staging), taken from `fifo`;
+/// a slot beyond the FIFO or a length beyond a slot is `call`'s typed
+/// error and touches nothing.
+fn slot_bytes_of(
+    call: &'static str,
+    slot: ringcc_core::SlotIndex,
+    len: usize,
+    slot_bytes: usize,
+    fifo_len: usize,
+) -> Result<std::ops::Range<usize>> {
+    let i = u64::from(slot.0);
+    let bad = |e: crate::Error| Error::Transport {
+        transport: NAME,
+        call,
+        source: Box::new(e),
+    };
+    if len > slot_bytes {
+        return Err(bad(crate::Error::SlotOverflow {
+            slot: i,
+            len,
+            capacity: slot_bytes as u64,
+        }));
+    }
+    let start = usize::from(slot.0).saturating_mul(slot_bytes);
+    match start.checked_add(len) {
+        Some(end) if i < ringcc_core::fifo::STEPS && end <= fifo_len => Ok(start..end),
+        _ => Err(bad(crate::Error::NoSuchSlot { slot: i })),
+    }
+}
+
 fn tune(s: &TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)
 }

@@ -368,23 +368,13 @@ impl RecvEnd for TcpRecvEnd {
     }
 
     fn slot(&self, slot: SlotIndex, len: usize) -> Result<&[u8]> {
-        let bad = |e: crate::Error| Error::Transport {
-            transport: NAME,
-            call: "RecvEnd::slot",
-            source: Box::new(e),
-        };
-        if u64::from(slot.0) >= STEPS {
-            return Err(bad(crate::Error::NoSuchSlot {
-                slot: u64::from(slot.0),
-            }));
-        }
-        if len > self.slot_bytes {
-            return Err(bad(crate::Error::SlotOverflow {
-                slot: u64::from(slot.0),
-                len,
-                capacity: self.slot_bytes as u64,
-            }));
-        }
+        let range = super::slot_bytes_of(
+            "RecvEnd::slot",
+            slot,
+            len,
+            self.slot_bytes,
+            self.slots.len(),
+        )?;
         // The slot must hold a step of `[head_posted, tail_seen)`.
         let first = slot_of(self.head_posted).0;
         let ahead = (u64::from(slot.0) + STEPS - u64::from(first)) % STEPS;
@@ -395,12 +385,7 @@ impl RecvEnd for TcpRecvEnd {
                 self.head_posted, self.tail_seen
             )));
         }
-        let start = usize::from(slot.0) * self.slot_bytes;
-        self.slots.get(start..start + len).ok_or_else(|| {
-            bad(crate::Error::NoSuchSlot {
-                slot: u64::from(slot.0),
-            })
-        })
+        Ok(&self.slots[range])
     }
 
     /// Returns credit: at once when nothing past `head` has come (the

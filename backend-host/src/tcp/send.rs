@@ -394,29 +394,14 @@ impl SendEnd for TcpSendEnd {
     }
 
     fn slot_mut(&mut self, slot: SlotIndex, len: usize) -> Result<&mut [u8]> {
-        let bad = |e: crate::Error| Error::Transport {
-            transport: NAME,
-            call: "SendEnd::slot_mut",
-            source: Box::new(e),
-        };
-        if u64::from(slot.0) >= STEPS {
-            return Err(bad(crate::Error::NoSuchSlot {
-                slot: u64::from(slot.0),
-            }));
-        }
-        if len > self.slot_bytes {
-            return Err(bad(crate::Error::SlotOverflow {
-                slot: u64::from(slot.0),
-                len,
-                capacity: self.slot_bytes as u64,
-            }));
-        }
-        let start = usize::from(slot.0) * self.slot_bytes;
-        self.staging.get_mut(start..start + len).ok_or_else(|| {
-            bad(crate::Error::NoSuchSlot {
-                slot: u64::from(slot.0),
-            })
-        })
+        let range = super::slot_bytes_of(
+            "SendEnd::slot_mut",
+            slot,
+            len,
+            self.slot_bytes,
+            self.staging.len(),
+        )?;
+        Ok(&mut self.staging[range])
     }
 
     /// Queues the call header frame (when given) and one data frame per

@@ -234,8 +234,16 @@ fn headers_come_before_the_tails_that_cover_them() {
     );
     // Step 4 was never received: its slot cannot be read.
     assert!(end.slot(SlotIndex(4), 1).is_err());
-    assert!(end.slot(SlotIndex(0), SLOT as usize + 1).is_err());
-    assert!(end.slot(SlotIndex(8), 1).is_err());
+    assert_slot_error(
+        end.slot(SlotIndex(0), SLOT as usize + 1).map(|_| ()),
+        "RecvEnd::slot",
+        "SlotOverflow",
+    );
+    assert_slot_error(
+        end.slot(SlotIndex(8), 1).map(|_| ()),
+        "RecvEnd::slot",
+        "NoSuchSlot",
+    );
     end.post_head(4).unwrap();
     assert!(end.slot(SlotIndex(0), 1).is_err());
     assert!(end.post_head(5).is_err(), "credit beyond the tail seen");
@@ -791,4 +799,48 @@ fn credit_is_held_while_the_call_receives_again() {
         FrameRepr::credit(STEPS / 2 + 2)
     );
     assert!(s.read_exact(&mut c).is_err(), "one frame per credit sent");
+}
+
+/// `r` is `call`'s transport error wrapping this crate's `variant`.
+fn assert_slot_error(r: ringcc_comm::Result<()>, call: &str, variant: &str) {
+    match r {
+        Err(ringcc_comm::Error::Transport {
+            call: c, source, ..
+        }) if c == call => {
+            let e = format!("{source:?}");
+            assert!(
+                e.starts_with(variant),
+                "{call}: expected {variant}, got {e}"
+            );
+        }
+        other => panic!("{call}: expected a transport error, got {other:?}"),
+    }
+}
+
+/// A staging slot beyond the FIFO, or more bytes than a slot holds, is
+/// the end's typed error; a slot within it is exactly as long as asked.
+#[test]
+fn staging_slots_outside_the_fifo_are_refused() {
+    use ringcc_comm::transport::SendEnd;
+    let (mut end, _raw) = sender_and_raw(SLOT);
+    assert_eq!(
+        end.slot_mut(SlotIndex(7), SLOT as usize).unwrap().len(),
+        SLOT as usize
+    );
+    assert_eq!(end.slot_mut(SlotIndex(3), 5).unwrap().len(), 5);
+    assert_slot_error(
+        end.slot_mut(SlotIndex(8), 1).map(|_| ()),
+        "SendEnd::slot_mut",
+        "NoSuchSlot",
+    );
+    assert_slot_error(
+        end.slot_mut(SlotIndex(0), SLOT as usize + 1).map(|_| ()),
+        "SendEnd::slot_mut",
+        "SlotOverflow",
+    );
+    assert_slot_error(
+        end.slot_mut(SlotIndex(u8::MAX), usize::MAX).map(|_| ()),
+        "SendEnd::slot_mut",
+        "SlotOverflow",
+    );
 }
