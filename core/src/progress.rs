@@ -540,57 +540,40 @@ impl<
         geometry: FifoGeometry,
         mut ring: impl FnMut(ChannelId) -> M,
     ) -> Result<CallDesc, EngineError> {
+        let used = plan.channels();
+        let capacity = self.capacity();
+        let desc = self.admit(call, used, capacity)?;
+        let rank = self.rank;
+        let r = install(self.channels.as_mut(), used, capacity, |id, ch| {
+            let link = ch.link();
+            let steps = plan
+                .steps(id, rank, ring(id))
+                .map_err(|e| machine_error(id, "Plan::steps", e))?;
+            let m = Machine::new(desc, steps, geometry, link)
+                .map_err(|e| machine_error(id, "Machine::new", e))?;
+            ch.link = link;
+            ch.machine = Some(m);
+            Ok(())
+        });
+        r.map_err(|e| self.refuse(e))?;
+        self.begin(desc, used, false, now);
+        Ok(desc)
+    }
+
+    /// What every start checks first: a healthy, idle engine with room for
+    /// `used` of its `capacity` channels; the call's descriptor.
+    fn admit(&self, call: &Call, used: u32, capacity: u32) -> Result<CallDesc, EngineError> {
         self.check()?;
         if self.call.is_some() {
             return Err(EngineError::Busy);
         }
-        let used = plan.channels();
-        let capacity = self.capacity();
         if used > capacity {
             return Err(EngineError::BadChannel {
                 channel: used.saturating_sub(1),
                 capacity,
             });
         }
-        let desc = call.desc(self.seq);
-        let rank = self.rank;
-        for c in 0..used {
-            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
-            let fail = |during, source| EngineError::Machine {
-                channel: id,
-                during,
-                source,
-            };
-            let r = match self.channels.as_mut().get_mut(c as usize) {
-                Some(ch) => {
-                    let link = ch.link();
-                    plan.steps(id, rank, ring(id))
-                        .map_err(|e| fail("Plan::steps", e))
-                        .and_then(|steps| {
-                            Machine::new(desc, steps, geometry, link)
-                                .map_err(|e| fail("Machine::new", e))
-                        })
-                        .map(|m| {
-                            ch.link = link;
-                            ch.machine = Some(m);
-                        })
-                }
-                None => Err(EngineError::BadChannel {
-                    channel: c,
-                    capacity,
-                }),
-            };
-            if let Err(e) = r {
-                // Channels already given the new call's machine go back to
-                // their carried counters: a refused start loses nothing.
-                for ch in self.channels.as_mut().iter_mut().take(c as usize) {
-                    ch.machine = None;
-                }
-                return Err(self.refuse(e));
-            }
-        }
-        self.begin(desc, used, false, now);
-        Ok(desc)
+        Ok(call.desc(self.seq))
     }
 
     /// A start that failed: a predecessor's header that differs from this
@@ -839,71 +822,39 @@ impl<
         geometry: FifoGeometry,
         mut tree: impl FnMut(ChannelId) -> O,
     ) -> Result<CallDesc, EngineError> {
-        self.check()?;
-        if self.call.is_some() {
-            return Err(EngineError::Busy);
-        }
         let used = plan.channels();
         let capacity = self
             .capacity()
             .min(u32::try_from(self.trees.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0));
-        if used > capacity {
-            return Err(EngineError::BadChannel {
-                channel: used.saturating_sub(1),
-                capacity,
-            });
-        }
-        let desc = call.desc(self.seq);
+        let desc = self.admit(call, used, capacity)?;
         let rank = self.rank;
-        for c in 0..used {
-            let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
-            let fail = |during, source| EngineError::Machine {
-                channel: id,
-                during,
-                source,
-            };
-            let r = match self.trees.as_mut().get_mut(c as usize) {
-                Some(ch) => {
-                    let links = ch.links();
-                    let t = tree(id);
-                    let peers = if t.ranks() == plan.ranks() {
-                        t.peers(rank)
-                    } else {
-                        Err(Error::BadTopology)
-                    };
-                    peers
-                        .map_err(|e| fail("TreeOrder::peers", e))
-                        .and_then(|p| {
-                            let steps =
-                                plan.steps(id, p).map_err(|e| fail("TreePlan::steps", e))?;
-                            let present = p
-                                .down
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, d)| d.is_some())
-                                .fold(u8::from(p.up.is_some()), |m, (i, _)| {
-                                    m | 2u8.checked_shl(i as u32).unwrap_or(0)
-                                });
-                            TreeMachine::new(desc, plan, steps, present, geometry, &links)
-                                .map_err(|e| fail("TreeMachine::new", e))
-                        })
-                        .map(|m| {
-                            ch.links = links;
-                            ch.machine = Some(m);
-                        })
-                }
-                None => Err(EngineError::BadChannel {
-                    channel: c,
-                    capacity,
-                }),
-            };
-            if let Err(e) = r {
-                for ch in self.trees.as_mut().iter_mut().take(c as usize) {
-                    ch.machine = None;
-                }
-                return Err(self.refuse(e));
+        let r = install(self.trees.as_mut(), used, capacity, |id, ch| {
+            let links = ch.links();
+            let t = tree(id);
+            let p = if t.ranks() == plan.ranks() {
+                t.peers(rank)
+            } else {
+                Err(Error::BadTopology)
             }
-        }
+            .map_err(|e| machine_error(id, "TreeOrder::peers", e))?;
+            let steps = plan
+                .steps(id, p)
+                .map_err(|e| machine_error(id, "TreePlan::steps", e))?;
+            let present = p
+                .down
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.is_some())
+                .fold(u8::from(p.up.is_some()), |m, (i, _)| {
+                    m | 2u8.checked_shl(i as u32).unwrap_or(0)
+                });
+            let m = TreeMachine::new(desc, plan, steps, present, geometry, &links)
+                .map_err(|e| machine_error(id, "TreeMachine::new", e))?;
+            ch.links = links;
+            ch.machine = Some(m);
+            Ok(())
+        });
+        r.map_err(|e| self.refuse(e))?;
         self.begin(desc, used, true, now);
         Ok(desc)
     }
@@ -1117,6 +1068,60 @@ impl<
 /// An event for a channel without a machine yet (never used): only the
 /// predecessor's header for call `seq` or a later one and its data may
 /// come early.
+/// A channel's machine failed to build during `during`.
+fn machine_error(channel: ChannelId, during: &'static str, source: Error) -> EngineError {
+    EngineError::Machine {
+        channel,
+        during,
+        source,
+    }
+}
+
+/// Gives the first `used` of `slots` a new call's machine with `build`.
+/// On a failure the slots already given one go back to none (their
+/// carried counters untouched: a refused start loses nothing).
+fn install<C: Unset>(
+    slots: &mut [C],
+    used: u32,
+    capacity: u32,
+    mut build: impl FnMut(ChannelId, &mut C) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    for c in 0..used {
+        let id = ChannelId(u8::try_from(c).unwrap_or(u8::MAX));
+        let r = match slots.get_mut(c as usize) {
+            Some(slot) => build(id, slot),
+            None => Err(EngineError::BadChannel {
+                channel: c,
+                capacity,
+            }),
+        };
+        if let Err(e) = r {
+            for slot in slots.iter_mut().take(c as usize) {
+                slot.unset();
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// A channel slot whose machine can be taken away.
+trait Unset {
+    fn unset(&mut self);
+}
+
+impl<M> Unset for Channel<M> {
+    fn unset(&mut self) {
+        self.machine = None;
+    }
+}
+
+impl Unset for TreeChannel {
+    fn unset(&mut self) {
+        self.machine = None;
+    }
+}
+
 fn idle_event(link: &mut LinkState, seq: u64, event: Event) -> Result<(), (&'static str, Error)> {
     match event {
         Event::Tail(t) if t < link.recv_tail => Err((
