@@ -65,6 +65,14 @@ pub(super) struct TcpRecvEnd {
     /// The due credit may wait for the next: the call receives again
     /// (`post_credit`'s `more`).
     credit_held: bool,
+    /// The last read took less than it had room for (the socket was
+    /// empty after it) and everything it brought may since have been
+    /// reported: the next poll with nothing buffered reads no sooner
+    /// than the one after it.
+    short_read: bool,
+    /// Reads attempted (tests count the system calls a poll makes).
+    #[cfg(test)]
+    pub(super) reads: u64,
     /// The head of the last credit frame begun.
     credit_sent: u64,
     /// Since when credit waits for room in the socket.
@@ -111,6 +119,9 @@ impl TcpRecvEnd {
             credit_at: FRAME_LEN,
             credit_due: None,
             credit_held: false,
+            short_read: false,
+            #[cfg(test)]
+            reads: 0,
             credit_sent: 0,
             stuck_since: None,
             broken: None,
@@ -162,6 +173,10 @@ impl TcpRecvEnd {
             if self.inbound.tail() > tail || self.inbound.closed() {
                 return Ok((true, false));
             }
+            if self.short_read && moved {
+                // The socket was empty after this pump's read.
+                return Ok((true, true));
+            }
             let direct = self.inbound.direct(DIRECT).filter(|_| self.at == self.end);
             let is_direct = direct.is_some();
             let dst = match direct {
@@ -197,11 +212,23 @@ impl TcpRecvEnd {
             if dst.is_empty() {
                 return Err(Error::Internal(format!("{NAME}: a read into no room")));
             }
+            let room = dst.len();
+            self.short_read = false;
+            #[cfg(test)]
+            {
+                self.reads += 1;
+            }
             match recv_now(&self.stream, dst) {
                 Ok(None) => return Ok((moved, true)),
                 Ok(Some(0)) => return Err(self.inbound.eof(self.end - self.at)),
                 Ok(Some(n)) if is_direct => self.inbound.took_direct(n),
-                Ok(Some(n)) => self.end += n,
+                Ok(Some(n)) => {
+                    // A payload read where it goes is often short while
+                    // the rest is on its way: only the read-ahead
+                    // buffer's short reads say the socket was empty.
+                    self.short_read = n < room;
+                    self.end += n;
+                }
                 Err(e) => return Err(self.peer.read_error(ReadFail::Io(e), "frame", 0)),
             }
             moved = true;
@@ -334,6 +361,20 @@ impl RecvEnd for TcpRecvEnd {
         if self.watch.armed() {
             // Nothing came since the last read: the watcher waits for it.
             self.check_credit_stuck()?;
+            return Ok(None);
+        }
+        if std::mem::take(&mut self.short_read) && self.at == self.end {
+            // The socket was empty after the last read and its bytes are
+            // all reported: a read now would most likely find nothing (a
+            // system call on a small call's critical path, before the
+            // engine acts on what came). The next poll reads.
+            let mut moved = self.credit_at < FRAME_LEN && self.flush_credit()?;
+            if self.credit_due.is_some() && !self.credit_held {
+                moved |= self.flush_credit()?;
+            }
+            if moved {
+                self.watch.busy();
+            }
             return Ok(None);
         }
         // Credit goes out once the stream pauses (below), so that a burst

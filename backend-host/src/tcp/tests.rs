@@ -844,3 +844,28 @@ fn staging_slots_outside_the_fifo_are_refused() {
         "SlotOverflow",
     );
 }
+
+/// After a read that found the socket empty and whose events are all
+/// reported, the next poll skips reading (a small call's engine acts
+/// first) and the one after reads again: one skip, never two.
+#[test]
+fn a_poll_after_a_short_read_skips_one_read_only() {
+    let (_t, mut s, mut end) = connected();
+    let mut b = header(1, 0);
+    b.extend(data(0, 8, true, 1));
+    s.write_all(&b).unwrap();
+    let h = Event::Header {
+        step: 0,
+        desc: desc(1),
+    };
+    assert_eq!(events(&mut end, 2), vec![h, Event::Tail(1)]);
+    // The read that brought both frames was short: the next poll skips.
+    let before = end.reads;
+    assert_eq!(end.poll().unwrap(), None);
+    assert_eq!(end.reads, before, "the poll after a short read read again");
+    // The one after reads (and finds nothing, so the next reads too).
+    assert_eq!(end.poll().unwrap(), None);
+    assert_eq!(end.reads, before + 1, "two polls in a row skipped");
+    assert_eq!(end.poll().unwrap(), None);
+    assert_eq!(end.reads, before + 2, "a poll after an empty read skipped");
+}
