@@ -168,15 +168,11 @@ fn open_end(
     })
 }
 
-/// A connected stream's options: no Nagle (a slice's last frame must
-/// not wait for an acknowledgement). The socket buffers are left to the
-/// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no
-/// faster.
-/// The bytes of slot `slot`'s first `len` bytes in a FIFO of
-/// [`STEPS`](ringcc_core::fifo::STEPS) slots of `slot_bytes` each (a
-/// receiving end's slots, a sending end's staging), taken from `fifo`;
-/// a slot beyond the FIFO or a length beyond a slot is `call`'s typed
-/// error and touches nothing.
+/// Where slot `slot`'s first `len` bytes lie in a FIFO of `fifo_len`
+/// bytes cut into [`STEPS`](ringcc_core::fifo::STEPS) slots of
+/// `slot_bytes` (a receiving end's slots, a sending end's staging); a
+/// slot beyond the FIFO or a length beyond a slot is `call`'s typed
+/// error.
 fn slot_bytes_of(
     call: &'static str,
     slot: ringcc_core::SlotIndex,
@@ -204,6 +200,10 @@ fn slot_bytes_of(
     }
 }
 
+/// A connected stream's options: no Nagle (a slice's last frame must
+/// not wait for an acknowledgement). The socket buffers are left to the
+/// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no
+/// faster.
 fn tune(s: &TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)
 }
