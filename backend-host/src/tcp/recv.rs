@@ -363,24 +363,21 @@ impl RecvEnd for TcpRecvEnd {
             self.check_credit_stuck()?;
             return Ok(None);
         }
-        if std::mem::take(&mut self.short_read) && self.at == self.end {
-            // The socket was empty after the last read and its bytes are
-            // all reported: a read now would most likely find nothing (a
-            // system call on a small call's critical path, before the
-            // engine acts on what came). The next poll reads.
-            let mut moved = self.credit_at < FRAME_LEN && self.flush_credit()?;
-            if self.credit_due.is_some() && !self.credit_held {
-                moved |= self.flush_credit()?;
-            }
-            if moved {
-                self.watch.busy();
-            }
-            return Ok(None);
-        }
+        // The socket was empty after the last read and its bytes are all
+        // reported: a read now would most likely find nothing (a system
+        // call on a small call's critical path, before the engine acts on
+        // what came). This poll skips it, as if it had found nothing; the
+        // next one reads.
+        let skip = std::mem::take(&mut self.short_read) && self.at == self.end;
         // Credit goes out once the stream pauses (below), so that a burst
         // of slices is credited by one frame; a frame begun is finished.
         let mut moved = self.credit_at < FRAME_LEN && self.flush_credit()?;
-        match self.pump(landing) {
+        let pumped = if skip {
+            Ok((false, true))
+        } else {
+            self.pump(landing)
+        };
+        match pumped {
             Ok((m, drained)) => {
                 moved |= m;
                 if drained && self.credit_due.is_some() && !self.credit_held {
@@ -402,7 +399,7 @@ impl RecvEnd for TcpRecvEnd {
         }
         if moved {
             self.watch.busy();
-        } else if !self.inbound.closed() {
+        } else if !self.inbound.closed() && !skip {
             self.watch.idle(self.credit_at < FRAME_LEN);
         }
         Ok(None)
