@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringcc_comm::transport::{Hop, RecvEnd};
+use ringcc_comm::transport::{FifoMemory, Hop, RecvEnd};
 use ringcc_comm::Error as CommError;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::progress::Event;
@@ -32,7 +32,7 @@ use crate::ib::mem::HostBuf;
 use crate::ib::nic::Nic;
 use crate::ib::qp::{Init, Qp, QpAddr, Reset, RetryParams, Rts, RQ_DEPTH, SQ_DEPTH};
 use crate::inflight::Outstanding;
-use crate::send::{check, fifo_len, recvs, REMOTE};
+use crate::send::{check, fifo_buf, recvs, REMOTE};
 use crate::wake::Waker;
 
 type CommResult<T> = std::result::Result<T, CommError>;
@@ -54,20 +54,26 @@ pub(crate) struct RecvHalf {
 
 impl RecvHalf {
     /// A queue pair in INIT on `nic` with its data receives posted, the
-    /// FIFO and the mailbox registered for remote write.
-    pub fn new(
+    /// FIFO (`lent`, else memory of its own) and the mailbox registered
+    /// for remote write.
+    ///
+    /// # Safety
+    /// `lent`'s contract ([`FifoMemory::new`]).
+    pub unsafe fn new(
         nic: &Nic,
         channel: &CqChannel,
         geometry: FifoGeometry,
         hop: Hop,
         psn: u32,
+        lent: Option<FifoMemory>,
     ) -> Result<RecvHalf> {
         let cqs = Cqs::new(nic, channel, SQ_DEPTH, RQ_DEPTH)?;
         let qp = Qp::<Reset>::create(nic, &cqs.send, &cqs.recv, psn)?;
         let addr = qp.addr(nic);
         let mut qp = qp.init()?;
         qp.post_recvs(recvs(Kind::TailRecv, hop))?;
-        let fifo = HostBuf::new(&nic.pd, fifo_len(&geometry), REMOTE, &nic.name)?;
+        // SAFETY: the caller's contract.
+        let fifo = unsafe { fifo_buf(nic, &geometry, lent, REMOTE) }?;
         let mailbox = HostBuf::new(&nic.pd, CALL_HEADER_LEN, REMOTE, &nic.name)?;
         Ok(RecvHalf {
             qp,

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringcc_comm::transport::{Hop, SendEnd};
+use ringcc_comm::transport::{FifoMemory, Hop, SendEnd};
 use ringcc_comm::Error as CommError;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::{Exec, SlotSpan};
@@ -53,6 +53,34 @@ pub(crate) fn fifo_len(g: &FifoGeometry) -> usize {
     usize::try_from(g.fifo_bytes()).unwrap_or(usize::MAX)
 }
 
+/// A FIFO of `g` registered on `nic` with `access`: the memory `lent`
+/// (which must hold it), else a buffer of its own.
+///
+/// # Safety
+/// `lent`'s contract ([`FifoMemory::new`]).
+pub(crate) unsafe fn fifo_buf(
+    nic: &Nic,
+    g: &FifoGeometry,
+    lent: Option<FifoMemory>,
+    access: AccessFlags,
+) -> Result<HostBuf> {
+    match lent {
+        // SAFETY: the caller's contract.
+        Some(mem) if mem.holds(g) => unsafe { HostBuf::lent(&nic.pd, mem, access, &nic.name) },
+        Some(mem) => Err(Error::Verbs {
+            call: "ibv_reg_mr",
+            device: nic.name.clone(),
+            source: format!(
+                "{} B of lent memory for a {} B FIFO",
+                mem.len(),
+                g.fifo_bytes()
+            )
+            .into(),
+        }),
+        None => HostBuf::new(&nic.pd, fifo_len(g), access, &nic.name),
+    }
+}
+
 /// A completion's status as a typed error (`None`: success).
 pub(crate) fn check(wc: &Completion, kind: Kind, hop: Hop, peer: ringcc_core::Rank) -> Result<()> {
     if wc.is_ok() {
@@ -80,13 +108,18 @@ pub(crate) struct SendHalf {
 
 impl SendHalf {
     /// A queue pair in INIT on `nic` with its credit receives posted, the
-    /// credit counter (remote write) and staging (local) registered.
-    pub fn new(
+    /// credit counter (remote write) and staging (`lent`, else memory of
+    /// its own; local access) registered.
+    ///
+    /// # Safety
+    /// `lent`'s contract ([`FifoMemory::new`]).
+    pub unsafe fn new(
         nic: &Nic,
         channel: &CqChannel,
         geometry: FifoGeometry,
         hop: Hop,
         psn: u32,
+        lent: Option<FifoMemory>,
     ) -> Result<SendHalf> {
         let cqs = Cqs::new(nic, channel, SQ_DEPTH, RQ_DEPTH)?;
         let qp = Qp::<Reset>::create(nic, &cqs.send, &cqs.recv, psn)?;
@@ -94,7 +127,8 @@ impl SendHalf {
         let mut qp = qp.init()?;
         qp.post_recvs(recvs(Kind::CreditRecv, hop))?;
         let counter = HostBuf::new(&nic.pd, CREDIT_LEN, REMOTE, &nic.name)?;
-        let staging = HostBuf::new(&nic.pd, fifo_len(&geometry), AccessFlags::none(), &nic.name)?;
+        // SAFETY: the caller's contract.
+        let staging = unsafe { fifo_buf(nic, &geometry, lent, AccessFlags::none()) }?;
         Ok(SendHalf {
             qp,
             counter,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ringcc_comm::launch::fnv1a;
-use ringcc_comm::transport::{Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
+use ringcc_comm::transport::{FifoMemory, Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
 use ringcc_comm::Error as CommError;
 use ringcc_core::Rank;
 use tracing::{debug, info};
@@ -25,9 +25,12 @@ type Result<T> = std::result::Result<T, CommError>;
 /// RDMA verbs between ranks: per hop, one RC queue pair from the sender
 /// to the receiver, on NIC `channel mod nics` of each side.
 ///
-/// The receiver registers its FIFO (the job's geometry) and a call-header
+/// The receiver registers its FIFO (the job's geometry; memory of its own,
+/// or memory lent to it with [`Transport::listen_in`]) and a call-header
 /// mailbox for remote write; the sender writes slices into it with RDMA
-/// WRITE from a registered staging copy, the last write of each slice
+/// WRITE from a registered staging copy (its own, or lent with
+/// [`Transport::connect_from`]: the caller's slices leave from where it
+/// wrote them), the last write of each slice
 /// WITH IMMEDIATE (the new `tail`); the receiver returns credit as a small
 /// RDMA WRITE WITH IMMEDIATE into the sender's counter — the core's
 /// connection protocol ([`ringcc_core::protocol`]), unpatched. What the
@@ -127,6 +130,56 @@ impl VerbsTransport {
         (fnv1a(&b) as u32) & 0x00ff_ffff
     }
 
+    /// `listen`, with the FIFO in `lent` where given.
+    ///
+    /// # Safety
+    /// `lent`'s contract ([`FifoMemory::new`]).
+    unsafe fn listen_with(
+        &mut self,
+        job: &Job<'_>,
+        hop: Hop,
+        lent: Option<FifoMemory>,
+    ) -> Result<()> {
+        let psn = self.psn(hop, 1);
+        let (nic, channel) = self.nic_for(hop)?;
+        // SAFETY: the caller's contract.
+        let half = unsafe { RecvHalf::new(nic, channel, job.geometry, hop, psn, lent) }
+            .map_err(|e| e.into_comm("listen"))?;
+        exchange::put(job.store, hop, Side::Recv, &half.record(self.config.fault))?;
+        self.listening.insert(hop, half);
+        Ok(())
+    }
+
+    /// `connect`, with the staging in `lent` where given.
+    ///
+    /// # Safety
+    /// `lent`'s contract ([`FifoMemory::new`]).
+    unsafe fn connect_with(
+        &mut self,
+        job: &Job<'_>,
+        hop: Hop,
+        lent: Option<FifoMemory>,
+    ) -> Result<Box<dyn SendEnd>> {
+        let waker = self.waker(job)?;
+        let (psn, retry, slot_wait) = (self.psn(hop, 0), self.retry(), self.slot_wait());
+        let (nic, channel) = self.nic_for(hop)?;
+        // SAFETY: the caller's contract.
+        let half = unsafe { SendHalf::new(nic, channel, job.geometry, hop, psn, lent) }
+            .map_err(|e| e.into_comm("connect"))?;
+        let theirs: RecvRecord = exchange::take(job, hop, Side::Recv)?;
+        let mine = half.record();
+        let end = half.connect(&theirs, nic.active_mtu, retry, waker, slot_wait)?;
+        exchange::put(job.store, hop, Side::Send, &mine)?;
+        debug!(
+            channel = hop.channel.0,
+            to = hop.receiver.0,
+            device = %nic.name,
+            lent = lent.is_some(),
+            "verbs: connected"
+        );
+        Ok(Box::new(end))
+    }
+
     /// How long a credited staging slot may still be read by its write:
     /// past the NIC's own retry budget, the write has failed (and says
     /// so).
@@ -185,32 +238,32 @@ impl Transport for VerbsTransport {
     }
 
     fn listen(&mut self, job: &Job<'_>, hop: Hop) -> Result<()> {
-        let psn = self.psn(hop, 1);
-        let (nic, channel) = self.nic_for(hop)?;
-        let half = RecvHalf::new(nic, channel, job.geometry, hop, psn)
-            .map_err(|e| e.into_comm("listen"))?;
-        exchange::put(job.store, hop, Side::Recv, &half.record(self.config.fault))?;
-        self.listening.insert(hop, half);
-        Ok(())
+        // SAFETY: nothing is lent.
+        unsafe { self.listen_with(job, hop, None) }
     }
 
     fn connect(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn SendEnd>> {
-        let waker = self.waker(job)?;
-        let (psn, retry, slot_wait) = (self.psn(hop, 0), self.retry(), self.slot_wait());
-        let (nic, channel) = self.nic_for(hop)?;
-        let half = SendHalf::new(nic, channel, job.geometry, hop, psn)
-            .map_err(|e| e.into_comm("connect"))?;
-        let theirs: RecvRecord = exchange::take(job, hop, Side::Recv)?;
-        let mine = half.record();
-        let end = half.connect(&theirs, nic.active_mtu, retry, waker, slot_wait)?;
-        exchange::put(job.store, hop, Side::Send, &mine)?;
-        debug!(
-            channel = hop.channel.0,
-            to = hop.receiver.0,
-            device = %nic.name,
-            "verbs: connected"
-        );
-        Ok(Box::new(end))
+        // SAFETY: nothing is lent.
+        unsafe { self.connect_with(job, hop, None) }
+    }
+
+    /// Registers `fifo` as the hop's FIFO: the predecessor's writes land
+    /// in it.
+    fn listen_in(&mut self, job: &Job<'_>, hop: Hop, fifo: FifoMemory) -> Result<bool> {
+        // SAFETY: `FifoMemory::new`'s contract, which its maker keeps.
+        unsafe { self.listen_with(job, hop, Some(fifo)) }.map(|()| true)
+    }
+
+    /// Registers `staging` as the end's staging: each slice's writes
+    /// gather from it.
+    fn connect_from(
+        &mut self,
+        job: &Job<'_>,
+        hop: Hop,
+        staging: FifoMemory,
+    ) -> Result<(Box<dyn SendEnd>, bool)> {
+        // SAFETY: `FifoMemory::new`'s contract, which its maker keeps.
+        unsafe { self.connect_with(job, hop, Some(staging)) }.map(|end| (end, true))
     }
 
     fn accept(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn RecvEnd>> {

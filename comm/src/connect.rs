@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::ring::RingOrderOf;
 use crate::store::Store;
-use crate::transport::{Bell, Hop, Job, PeerInfo, RecvEnd, SendEnd, Transport};
+use crate::transport::{Bell, FifoMemory, Hop, HopEnd, Job, PeerInfo, RecvEnd, SendEnd, Transport};
 
 /// What connecting produced.
 pub(crate) struct Connected {
@@ -123,18 +123,33 @@ fn introduce(
 /// Per channel, the sending ends and the receiving ends of a rank's hops.
 type Ends = (Vec<Box<dyn SendEnd>>, Vec<Box<dyn RecvEnd>>);
 
+/// Memory the caller lends a hop's end for its FIFO (see
+/// [`FifoMemory`]), asked once per end made; `None`: the end uses its own.
+pub type Lend<'a> = &'a mut dyn FnMut(Hop, HopEnd) -> Result<Option<FifoMemory>>;
+
+/// Per channel, whether the end took the memory lent to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lent {
+    /// The sending ends': the caller posts from the lent staging.
+    pub send: Vec<bool>,
+    /// The receiving ends': arrivals land in the lent FIFO.
+    pub recv: Vec<bool>,
+}
+
 /// The ends of ring hops, per channel of `channels`, in the three phases
 /// every rank of `job` goes through together (store barriers named with
 /// `prefix`): listen on the hop from `prev` (with transport `t_in`), then
 /// connect the hop to `next` (with `t_out`), then accept; a hop without a
-/// transport is left alone.
+/// transport is left alone. Each end made is offered the memory `lend`
+/// gives it.
 fn join(
     transports: &mut [Box<dyn Transport>],
     job: &Job<'_>,
     (channels, prefix): (u8, &str),
     (t_in, prev): (Option<usize>, Rank),
     (t_out, next): (Option<usize>, Rank),
-) -> Result<Ends> {
+    lend: Lend<'_>,
+) -> Result<(Ends, Lent)> {
     let rank = job.rank;
     let hop_in = |c: u8| Hop {
         channel: ChannelId(c),
@@ -146,9 +161,14 @@ fn join(
         sender: rank,
         receiver: next,
     };
+    let mut lent = Lent::default();
     if let Some(t) = t_in {
         for c in 0..channels {
-            nth(transports, t)?.listen(job, hop_in(c))?;
+            let t = nth(transports, t)?;
+            lent.recv.push(match lend(hop_in(c), HopEnd::Recv)? {
+                Some(fifo) => t.listen_in(job, hop_in(c), fifo)?,
+                None => t.listen(job, hop_in(c)).map(|()| false)?,
+            });
         }
     }
     barrier(
@@ -160,7 +180,13 @@ fn join(
     let mut sends = Vec::new();
     if let Some(t) = t_out {
         for c in 0..channels {
-            sends.push(nth(transports, t)?.connect(job, hop_out(c))?);
+            let t = nth(transports, t)?;
+            let (end, took) = match lend(hop_out(c), HopEnd::Send)? {
+                Some(staging) => t.connect_from(job, hop_out(c), staging)?,
+                None => (t.connect(job, hop_out(c))?, false),
+            };
+            sends.push(end);
+            lent.send.push(took);
         }
     }
     let mut recvs = Vec::new();
@@ -175,7 +201,7 @@ fn join(
         job.world,
         job.deadline,
     )?;
-    Ok((sends, recvs))
+    Ok(((sends, recvs), lent))
 }
 
 /// The transport for a hop between `a` and `b`: the first, in preference
@@ -277,12 +303,13 @@ pub(crate) fn connect(
         bell: &bell,
         store,
     };
-    let (sends, recvs) = join(
+    let ((sends, recvs), _) = join(
         transports,
         &job,
         (channels, ""),
         (Some(t_in), prev),
         (Some(t_out), next),
+        &mut |_, _| Ok(None),
     )?;
     let links = recvs
         .into_iter()
@@ -400,6 +427,8 @@ pub struct NodeLinks {
     /// Per channel, the end from the predecessor when it runs on another
     /// node (else empty).
     pub recv: Vec<Box<dyn RecvEnd>>,
+    /// Per channel, whether the ends took the memory lent to them.
+    pub lent: Lent,
     /// The transports of the outgoing and incoming hop, where they leave
     /// the node.
     pub transports: (Option<&'static str>, Option<&'static str>),
@@ -414,6 +443,7 @@ impl std::fmt::Debug for NodeLinks {
             .field("order", &self.order)
             .field("send", &self.send.len())
             .field("recv", &self.recv.len())
+            .field("lent", &self.lent)
             .field("transports", &self.transports)
             .finish_non_exhaustive()
     }
@@ -424,7 +454,10 @@ impl std::fmt::Debug for NodeLinks {
 /// in the communicator's three phases; hops inside a node are left to the
 /// caller. Every rank of the job calls it (it meets the others at store
 /// barriers, under the `nodes/` keys) with the same `channels` and
-/// `geometry`; nothing waits past `deadline`.
+/// `geometry`; nothing waits past `deadline`. Each end made is offered
+/// the FIFO memory `lend` gives it (the caller's staging, where the
+/// transport can use it in place: [`Transport::listen_in`],
+/// [`Transport::connect_from`]); [`NodeLinks::lent`] says which took it.
 #[allow(clippy::too_many_arguments)]
 pub fn connect_between_nodes(
     store: &dyn Store,
@@ -436,6 +469,7 @@ pub fn connect_between_nodes(
     geometry: FifoGeometry,
     deadline: Instant,
     transports: &mut [Box<dyn Transport>],
+    lend: Lend<'_>,
 ) -> Result<NodeLinks> {
     if world == 0 || rank.0 >= world {
         return Err(Error::BadConfig(format!("rank {rank} of {world} ranks")));
@@ -469,12 +503,13 @@ pub fn connect_between_nodes(
         bell: &bell,
         store,
     };
-    let (send, recv) = join(
+    let ((send, recv), lent) = join(
         transports,
         &job,
         (channels, "nodes/"),
         (t_in, prev),
         (t_out, next),
+        lend,
     )?;
     let name = |t: Option<usize>| t.and_then(|t| transports.get(t)).map(|t| t.name());
     Ok(NodeLinks {
@@ -483,6 +518,7 @@ pub fn connect_between_nodes(
         order,
         send,
         recv,
+        lent,
         bell,
     })
 }

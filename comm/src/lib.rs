@@ -63,7 +63,7 @@ mod work;
 
 pub use bell::{BellWords, LocalBell};
 pub use comm::{resolve, split_place, Communicator, Group, SplitPlace, Transports};
-pub use connect::{connect_between_nodes, NodeLinks};
+pub use connect::{connect_between_nodes, Lend, Lent, NodeLinks};
 pub use element::Element;
 pub use error::{BoxError, Error, Result};
 pub use options::Options;

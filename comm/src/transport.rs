@@ -289,6 +289,73 @@ impl Job<'_> {
 /// drive thread serves them all.
 pub const CHANNEL_BYTES: u64 = 4 << 20;
 
+/// Memory a caller lends a hop's end for its FIFO's slots: `STEPS` slots
+/// of the job's [`FifoGeometry::slot_bytes`], slot `s` at byte
+/// `s × slot_bytes` — where a receiving end lands arrivals
+/// ([`Transport::listen_in`]) or a sending end sends slices from
+/// ([`Transport::connect_from`]). A device loop's network proxy lends the
+/// staging regions the loop itself reads and writes, so that no CPU copy
+/// stands between them and the network (NCCL's proxy: the NIC reads and
+/// writes the host FIFOs the GPU uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FifoMemory {
+    addr: usize,
+    len: usize,
+}
+
+impl FifoMemory {
+    /// `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// The bytes stay valid for reads and writes, and in place, until
+    /// every end and every transport that was lent them has been dropped.
+    /// While they are lent, the caller touches a slot only as the FIFO's
+    /// protocol lets the owner of that end: a receiver reads a slot
+    /// between the `tail` that covers it and the credit it returns; a
+    /// sender writes a slot only once the successor has credited its
+    /// previous step, and does not write it again before the next credit.
+    pub unsafe fn new(ptr: std::ptr::NonNull<u8>, len: usize) -> FifoMemory {
+        FifoMemory {
+            addr: ptr.as_ptr() as usize,
+            len,
+        }
+    }
+
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    /// The address of the first byte.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Bytes lent.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is lent.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether it holds a FIFO of `geometry` (`STEPS` slots).
+    pub fn holds(&self, geometry: &FifoGeometry) -> bool {
+        u64::try_from(self.len).is_ok_and(|l| l >= geometry.fifo_bytes())
+    }
+}
+
+/// Which end of a hop a rank makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HopEnd {
+    /// The sending end (this rank is the hop's sender).
+    Send,
+    /// The receiving end.
+    Recv,
+}
+
 /// A way of connecting ranks. One value per communicator; it keeps what
 /// the connecting phases share (a listener, pending segments).
 pub trait Transport: Send {
@@ -332,4 +399,31 @@ pub trait Transport: Send {
     /// Receiver, phase 3: the receiving end of `hop`, once its sender has
     /// connected.
     fn accept(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn RecvEnd>>;
+
+    /// [`listen`](Transport::listen), with the FIFO's slots in `fifo`
+    /// (see [`FifoMemory`]): a transport that can, lands arrivals there,
+    /// so that [`RecvEnd::slot`] lends `fifo`'s own bytes, and says
+    /// `true`. The default listens with memory of the end's own and says
+    /// `false` (the caller copies out of [`RecvEnd::slot`]).
+    fn listen_in(&mut self, job: &Job<'_>, hop: Hop, fifo: FifoMemory) -> Result<bool> {
+        let _ = fifo;
+        self.listen(job, hop).map(|()| false)
+    }
+
+    /// [`connect`](Transport::connect), with the staging slots in
+    /// `staging` (see [`FifoMemory`]): a transport that can, sends each
+    /// slice from there, and says `true` — the caller writes a slice into
+    /// `staging`'s slots itself and publishes it with [`SendEnd::post`]
+    /// (never [`SendEnd::slot_mut`]). The default connects as usual and
+    /// says `false` (the caller hands slices to
+    /// [`SendEnd::post_from`]).
+    fn connect_from(
+        &mut self,
+        job: &Job<'_>,
+        hop: Hop,
+        staging: FifoMemory,
+    ) -> Result<(Box<dyn SendEnd>, bool)> {
+        let _ = staging;
+        self.connect(job, hop).map(|end| (end, false))
+    }
 }

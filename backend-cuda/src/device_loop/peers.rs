@@ -23,7 +23,7 @@ use ringcc_comm::store::{Store, ABORT_KEY};
 use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::Rank;
 
-use ringcc_comm::transport::Transport;
+use ringcc_comm::transport::{HopEnd, Transport};
 
 use super::abi::RcChan;
 use super::proxy::{PlanShape, Proxy, Region};
@@ -162,6 +162,11 @@ impl RegionLayout {
     pub fn fifo_offset(&self, c: u8) -> u64 {
         self.fifo(c)
     }
+
+    /// Bytes of one channel's FIFO (`STEPS` slots).
+    pub fn fifo_bytes(&self) -> u64 {
+        self.slot_bytes * STEPS
+    }
 }
 
 /// Where a rank's loop reaches a ring neighbour (addresses as the loop
@@ -176,11 +181,12 @@ pub enum Neighbour {
 }
 
 impl Neighbour {
-    /// A neighbour staged through `staged` where given, else the mapped
-    /// memory at `mapped`, else (a ring of one) this rank's own at `own`.
-    pub(crate) fn of(mapped: Option<u64>, staged: Option<&Region>, own: u64) -> Neighbour {
+    /// A neighbour staged through the region at `staged` where given,
+    /// else the mapped memory at `mapped`, else (a ring of one) this
+    /// rank's own at `own`.
+    pub(crate) fn of(mapped: Option<u64>, staged: Option<u64>, own: u64) -> Neighbour {
         match (staged, mapped) {
-            (Some(r), _) => Neighbour::Staged(r.addr()),
+            (Some(r), _) => Neighbour::Staged(r),
             (None, Some(m)) => Neighbour::Mapped(m),
             (None, None) => Neighbour::Mapped(own),
         }
@@ -275,7 +281,10 @@ pub(crate) fn wait_key(
 impl NodeNet {
     /// Connects `rank`'s ring hops that leave its node (every rank of the
     /// job calls this): the loop's ring is in rank order, so a node's
-    /// ranks must be consecutive.
+    /// ranks must be consecutive. Each staged direction gets a region
+    /// made by `region`, lent to the transports as the hop's FIFO (see
+    /// [`FifoMemory`]): where a transport takes it (RDMA), the NIC reads
+    /// and writes the loop's staging itself and the proxy copies nothing.
     pub(crate) fn connect(
         mut self,
         store: &dyn Store,
@@ -283,7 +292,12 @@ impl NodeNet {
         layout: RegionLayout,
         (geometry, staging): (FifoGeometry, &str),
         deadline: Instant,
+        region: &dyn Fn() -> Result<Region>,
     ) -> Result<NetLinks> {
+        // Declared before the transports, so that they (and anything they
+        // hold that was lent a region) drop first.
+        let (mut out, mut inc): (Option<Region>, Option<Region>) = (None, None);
+        let mut transports = std::mem::take(&mut self.transports);
         let links = ringcc_comm::connect_between_nodes(
             store,
             &self.token,
@@ -293,9 +307,24 @@ impl NodeNet {
             layout.channels(),
             geometry,
             deadline,
-            &mut self.transports,
-        )
-        .map_err(Error::comm("connect_between_nodes"))?;
+            &mut transports,
+            &mut |hop, end| {
+                let side = match end {
+                    HopEnd::Send => &mut out,
+                    HopEnd::Recv => &mut inc,
+                };
+                if side.is_none() {
+                    *side = Some(region().map_err(|e| {
+                        ringcc_comm::Error::Internal(format!("a staging region: {e}"))
+                    })?);
+                }
+                side.as_ref()
+                    .map(|r| r.fifo(&layout, hop.channel.0))
+                    .transpose()
+                    .map_err(|e| ringcc_comm::Error::Internal(format!("a staging FIFO: {e}")))
+            },
+        );
+        let links = links.map_err(Error::comm("connect_between_nodes"))?;
         if links.order.ranks_in_order().iter().copied().ne(0..world) {
             return Err(Error::BadConfig {
                 what: "the device loop's ring is in rank order: a node's ranks must be consecutive",
@@ -310,6 +339,8 @@ impl NodeNet {
                 geometry,
             },
             layout,
+            out: out.take(),
+            inc: inc.take(),
         };
         if self.banner && rank == Rank(0) {
             eprintln!("{}", links.banner(staging));
@@ -320,50 +351,43 @@ impl NodeNet {
 
 /// A rank's ring neighbours as its loop reaches them: each either mapped
 /// (`prev` / `next`: memory of type `M`, `None` in a ring of one) or
-/// staged through a region (`inc` / `out`).
+/// staged through a region (`inc` / `out`: where the loop reaches it).
 pub(crate) struct Sides<M> {
     pub(crate) prev: Option<M>,
-    pub(crate) inc: Option<Region>,
+    pub(crate) inc: Option<u64>,
     pub(crate) next: Option<M>,
-    pub(crate) out: Option<Region>,
+    pub(crate) out: Option<u64>,
 }
 
-/// A rank's hops between nodes, connected, before its proxy starts.
+/// A rank's hops between nodes, connected, with the staging regions lent
+/// to them, before its proxy starts.
 pub(crate) struct NetLinks {
+    // Field order is drop order: the ends go before the regions they may
+    // have been lent.
     links: ringcc_comm::NodeLinks,
     shape: PlanShape,
     layout: RegionLayout,
+    out: Option<Region>,
+    inc: Option<Region>,
 }
 
 impl NetLinks {
-    /// Whether the predecessor is on another node.
-    pub(crate) fn staged_in(&self) -> bool {
-        !self.links.recv.is_empty()
-    }
-
-    /// Whether the successor is on another node.
-    pub(crate) fn staged_out(&self) -> bool {
-        !self.links.send.is_empty()
-    }
-
-    /// A rank's two neighbours: where `links` has a hop leave the node, a
-    /// staging region made by `region`; else the neighbour's memory,
-    /// imported by `import` (of `prev` and `next`).
+    /// A rank's two neighbours: where `links` has a hop leave the node,
+    /// its staging region; else the neighbour's memory, imported by
+    /// `import` (of `prev` and `next`).
     pub(crate) fn sides<M>(
         links: Option<&NetLinks>,
-        region: impl Fn() -> Result<Region>,
         mut import: impl FnMut(Rank) -> Result<Option<M>>,
         (prev, next): (Rank, Rank),
     ) -> Result<Sides<M>> {
-        let mut side = |staged: bool, peer: Rank| -> Result<(Option<M>, Option<Region>)> {
-            Ok(if staged {
-                (None, Some(region()?))
-            } else {
-                (import(peer)?, None)
+        let mut side = |staged: Option<&Region>, peer: Rank| -> Result<(Option<M>, Option<u64>)> {
+            Ok(match staged {
+                Some(r) => (None, Some(r.addr())),
+                None => (import(peer)?, None),
             })
         };
-        let (prev, inc) = side(links.is_some_and(NetLinks::staged_in), prev)?;
-        let (next, out) = side(links.is_some_and(NetLinks::staged_out), next)?;
+        let (prev, inc) = side(links.and_then(|l| l.inc.as_ref()), prev)?;
+        let (next, out) = side(links.and_then(|l| l.out.as_ref()), next)?;
         Ok(Sides {
             prev,
             inc,
@@ -381,9 +405,15 @@ impl NetLinks {
         nodes.sort_unstable();
         nodes.dedup();
         let net = self.transport().unwrap_or("none");
+        let lent = &self.links.lent;
+        let registered = if lent.send.iter().chain(&lent.recv).all(|&l| l) {
+            ", registered with the NIC (no copies)"
+        } else {
+            ""
+        };
         let mut s = format!(
             "ringcc INFO: {} ranks on {} node(s), {} channel(s), the device loop; CUDA IPC inside a \
-             node, {net} between nodes staged through {staging} by each rank's proxy \
+             node, {net} between nodes staged through {staging}{registered} by each rank's proxy \
              (GPUDirect RDMA: not used)\nringcc INFO: ring",
             peers.len(),
             nodes.len(),
@@ -403,27 +433,28 @@ impl NetLinks {
         self.links.transports.0.or(self.links.transports.1)
     }
 
-    /// Starts `me`'s proxy over the staging regions (`out` for the hop to
-    /// the successor, `inc` for the one from the predecessor, present
-    /// where the hop is staged); `None` when no hop leaves the node.
-    pub(crate) fn start(
-        self,
-        me: Rank,
-        (out, inc): (Option<Region>, Option<Region>),
-        abort_also: Option<usize>,
-    ) -> Result<Option<Proxy>> {
-        if out.is_none() && inc.is_none() {
+    /// Starts `me`'s proxy over the staging regions; `None` when no hop
+    /// leaves the node.
+    pub(crate) fn start(self, me: Rank, abort_also: Option<usize>) -> Result<Option<Proxy>> {
+        if self.out.is_none() && self.inc.is_none() {
             return Ok(None);
         }
         let prev = Rank((me.0 + self.shape.ranks - 1) % self.shape.ranks);
+        let ringcc_comm::NodeLinks {
+            send,
+            recv,
+            lent,
+            bell,
+            ..
+        } = self.links;
         Proxy::start(
             me,
             prev,
             self.shape,
             self.layout,
-            (out, self.links.send),
-            (inc, self.links.recv),
-            self.links.bell,
+            (self.out, send, lent.send),
+            (self.inc, recv, lent.recv),
+            bell,
             abort_also,
         )
         .map(Some)
@@ -497,6 +528,7 @@ impl LoopPeers {
                 layout,
                 (geometry, "host memory"),
                 deadline,
+                &|| Region::host(layout.total()),
             )?),
             None => None,
         };
@@ -505,22 +537,17 @@ impl LoopPeers {
             inc,
             next,
             out,
-        } = NetLinks::sides(
-            links.as_ref(),
-            || Region::host(layout.total()),
-            import,
-            (prev_rank, next_rank),
-        )?;
+        } = NetLinks::sides(links.as_ref(), import, (prev_rank, next_rank))?;
         let own_base = own.mapping().base().as_ptr() as u64;
         let base =
             |m: &Option<ImportedMemory>| m.as_ref().map(|m| m.mapping().base().as_ptr() as u64);
         let table = layout.table_with(
             own_base,
-            Neighbour::of(base(&prev), inc.as_ref(), own_base),
-            Neighbour::of(base(&next), out.as_ref(), own_base),
+            Neighbour::of(base(&prev), inc, own_base),
+            Neighbour::of(base(&next), out, own_base),
         );
         let proxy = match links {
-            Some(l) => l.start(rank, (out, inc), None)?,
+            Some(l) => l.start(rank, None)?,
             None => None,
         };
         Ok(LoopPeers {

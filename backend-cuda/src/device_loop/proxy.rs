@@ -10,12 +10,24 @@
 //! and the host's proxy thread ships each slice the loop publishes there
 //! over the hop's transport (TCP or RDMA, the communicator's
 //! [`SendEnd`]), and returns the successor's credit into the region's
-//! `head`, where the loop waits for it. On the receiving node the proxy
-//! copies each arriving slice into the loop's incoming region and
+//! `head`, where the loop waits for it. On the receiving node each
+//! arriving slice lands in the loop's incoming region, and the proxy
 //! publishes the call words and `tail` after it; the loop's `head` there
-//! goes back to the sender as credit. The device is never stalled on a
-//! copy: it reads and writes the pinned regions over PCIe while the proxy
-//! moves the previous slices (the FIFO's eight steps are the overlap).
+//! goes back to the sender as credit. The device is never stalled on the
+//! network: it reads and writes the pinned regions over PCIe while the
+//! previous slices travel (the FIFO's eight steps are the overlap).
+//!
+//! **No CPU copy on the way** (as NCCL's proxy without GPUDirect: the NIC
+//! reads and writes the host FIFOs the GPU uses). Each region's FIFO of a
+//! channel is lent to that channel's end when the hop is connected
+//! ([`FifoMemory`], `Transport::listen_in` / `connect_from`): RDMA
+//! registers it, so the predecessor's NIC writes arrivals straight into
+//! the loop's incoming FIFO and this NIC's writes gather each slice from
+//! the loop's outgoing one — the proxy only posts the requests and moves
+//! the counters. TCP, which cannot take the memory, reads each payload
+//! straight into the region's slot ([`Landing`]) and sends from the
+//! region (`SendEnd::post_from`): one kernel copy each way, as any socket.
+//! Anything else is copied, and counted ([`Proxy::copied_bytes`]).
 //!
 //! The proxy knows each slice's length from the call itself, as NCCL's
 //! proxy knows its steps: the call words the loop wrote (or the call
@@ -32,8 +44,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ringcc_comm::transport::{Bell, RecvEnd, SendEnd};
-use ringcc_core::fifo::{slot_of, FifoGeometry};
+use ringcc_comm::transport::{Bell, FifoMemory, Landing, RecvEnd, SendEnd};
+use ringcc_core::fifo::{slot_of, FifoGeometry, STEPS};
 use ringcc_core::plan::Steps;
 use ringcc_core::prim::{slice_count, slice_range, Primitive, SlotSpan};
 use ringcc_core::progress::Event;
@@ -181,6 +193,28 @@ impl Region {
         self.addr
     }
 
+    /// Channel `c`'s FIFO of `layout`, to lend a transport's end: its
+    /// NIC then lands arrivals in it, or sends slices from it, in place.
+    pub(crate) fn fifo(&self, layout: &RegionLayout, c: u8) -> Result<FifoMemory> {
+        let (at, len) = (layout.fifo_offset(c), layout.fifo_bytes());
+        let fits = c < layout.channels() && at.checked_add(len).is_some_and(|e| e <= self.len);
+        let ptr = std::ptr::NonNull::new((self.host as u64).wrapping_add(at) as usize as *mut u8);
+        match (fits, ptr, usize::try_from(len)) {
+            // SAFETY: in bounds of this region, whose memory stays in
+            // place until it drops (a box or a pinned allocation; moving
+            // the `Region` moves neither). Its owners drop every end and
+            // transport it was lent before it (`NetLinks`' and `Proxy`'s
+            // field order, `NodeNet::connect`'s locals), and the loop
+            // touches the FIFO's slots only as the FIFO's protocol lets
+            // the end's owner (it reads a slot between its tail and its
+            // credit, writes one only after the successor's credit).
+            (true, Some(ptr), Ok(len)) => Ok(unsafe { FifoMemory::new(ptr, len) }),
+            _ => Err(Error::BadConfig {
+                what: "a channel's FIFO beyond its staging region",
+            }),
+        }
+    }
+
     fn view(&self) -> View {
         View {
             host: self.host,
@@ -222,6 +256,24 @@ impl View {
         Ok(unsafe { std::slice::from_raw_parts((self.host + off as usize) as *const u8, len) })
     }
 
+    /// `len` writable bytes at `off`: a slot a transport's end lands a
+    /// payload in.
+    ///
+    /// # Safety
+    /// Nobody else reads or writes the range while the slice lives: a
+    /// slot of a step that the predecessor may send (credited), which the
+    /// loop reads only after the proxy publishes the tail that covers it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, off: u64, len: usize) -> Result<&mut [u8]> {
+        if off.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(Error::BadConfig {
+                what: "a slice beyond its staging region",
+            });
+        }
+        // SAFETY: in bounds; the caller excludes every other access.
+        Ok(unsafe { std::slice::from_raw_parts_mut((self.host + off as usize) as *mut u8, len) })
+    }
+
     /// Copies `src` to byte `off` of the region.
     fn write(&self, off: u64, src: &[u8]) -> Result<()> {
         if off
@@ -251,6 +303,9 @@ impl View {
 struct Outgoing {
     c: u8,
     end: Box<dyn SendEnd>,
+    /// The end sends from the region's FIFO itself (it was lent it):
+    /// slices are published with `post`, nothing is copied.
+    lent: bool,
     shipped: u64,
     /// The call being shipped and its remaining slices.
     call: Option<(CallDesc, SendSizes)>,
@@ -261,6 +316,13 @@ struct Outgoing {
 struct Incoming {
     c: u8,
     end: Box<dyn RecvEnd>,
+    /// The end lands arrivals in the region's FIFO itself (it was lent
+    /// it): its slots are the region's.
+    lent: bool,
+    /// Per slot, `1 +` the step whose bytes the end landed straight in
+    /// the region's slot (a stream end reading payloads where the
+    /// [`Landing`] says); 0: none.
+    landed: [u64; STEPS as usize],
     tail: u64,
     copied: u64,
     credited: u64,
@@ -279,6 +341,38 @@ struct Work {
     inc: Option<View>,
     outgoing: Vec<Outgoing>,
     incoming: Vec<Incoming>,
+    /// Bytes copied between the regions and a transport's own memory.
+    copied: Arc<AtomicU64>,
+}
+
+/// Where a stream end (TCP) reads an incoming payload: straight into the
+/// region's slot of its step, marked in `landed`, instead of a slot of
+/// its own that the proxy would copy from.
+struct RegionLanding<'a> {
+    region: View,
+    /// The channel's FIFO: its offset in the region, its bytes.
+    fifo: u64,
+    fifo_bytes: u64,
+    slot_bytes: u64,
+    landed: &'a mut [u64; STEPS as usize],
+}
+
+impl Landing for RegionLanding<'_> {
+    fn dest(&mut self, _call: &CallDesc, step: u64, len: usize) -> Option<&mut [u8]> {
+        let off = u64::from(slot_of(step).0) * self.slot_bytes;
+        if off.checked_add(len as u64)? > self.fifo_bytes {
+            return None;
+        }
+        let slots = (len as u64).div_ceil(self.slot_bytes.max(1));
+        for k in 0..slots {
+            let s = step.checked_add(k)?;
+            self.landed[slot_of(s).0 as usize] = s + 1;
+        }
+        // SAFETY: the slots of a step the predecessor sends, which it may
+        // only once the loop credited the step that held them last; the
+        // loop reads them only after the tail that covers this step.
+        unsafe { self.region.bytes_mut(self.fifo + off, len) }.ok()
+    }
 }
 
 /// The proxy of one rank: a thread moving its hops between nodes. See
@@ -290,6 +384,7 @@ pub struct Proxy {
     bell: Arc<dyn Bell>,
     abort: Arc<AtomicU64>,
     failure: Arc<Mutex<Option<String>>>,
+    copied: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
     // After the thread (joined in `Drop`): the memory it works on.
     out: Option<Region>,
@@ -321,29 +416,37 @@ impl Proxy {
     /// Starts the proxy of rank `me` (predecessor `prev`): `send` holds a
     /// sending end per channel when the successor is on another node
     /// (its slices are staged in `out`), `recv` a receiving end per
-    /// channel when the predecessor is (its slices land in `inc`). On
-    /// failure it also raises the word at host address `abort_also` (a
-    /// GPU rank's abort word in pinned memory, which must outlive the
-    /// proxy).
-    #[allow(clippy::too_many_arguments)]
+    /// channel when the predecessor is (its slices land in `inc`); per
+    /// end, whether it was lent the region's FIFO of its channel (and
+    /// took it). On failure it also raises the word at host address
+    /// `abort_also` (a GPU rank's abort word in pinned memory, which must
+    /// outlive the proxy).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     pub(crate) fn start(
         me: Rank,
         prev: Rank,
         shape: PlanShape,
         layout: RegionLayout,
-        (out, send): (Option<Region>, Vec<Box<dyn SendEnd>>),
-        (inc, recv): (Option<Region>, Vec<Box<dyn RecvEnd>>),
+        (out, send, send_lent): (Option<Region>, Vec<Box<dyn SendEnd>>, Vec<bool>),
+        (inc, recv, recv_lent): (Option<Region>, Vec<Box<dyn RecvEnd>>, Vec<bool>),
         bell: Arc<dyn Bell>,
         abort_also: Option<usize>,
     ) -> Result<Proxy> {
-        for (region, ends) in [(&out, send.len()), (&inc, recv.len())] {
+        let sides = [
+            (&out, send.len(), send_lent.len()),
+            (&inc, recv.len(), recv_lent.len()),
+        ];
+        for (region, ends, lent) in sides {
             let fits = region.as_ref().is_some_and(|r| r.len >= layout.total());
-            if ends != 0 && (!fits || ends != usize::from(layout.channels())) {
+            if ends != lent || ends != 0 && (!fits || ends != usize::from(layout.channels())) {
+                // The ends go before the regions they may have been lent.
+                drop((send, recv));
                 return Err(Error::BadConfig {
                     what: "a proxied hop needs a staging region and an end per channel",
                 });
             }
         }
+        let copied = Arc::new(AtomicU64::new(0));
         let work = Work {
             me,
             prev,
@@ -353,20 +456,25 @@ impl Proxy {
             inc: inc.as_ref().map(Region::view),
             outgoing: send
                 .into_iter()
+                .zip(send_lent)
                 .enumerate()
-                .map(|(c, end)| Outgoing {
+                .map(|(c, (end, lent))| Outgoing {
                     c: c as u8,
                     end,
+                    lent,
                     shipped: 0,
                     call: None,
                 })
                 .collect(),
             incoming: recv
                 .into_iter()
+                .zip(recv_lent)
                 .enumerate()
-                .map(|(c, end)| Incoming {
+                .map(|(c, (end, lent))| Incoming {
                     c: c as u8,
                     end,
+                    lent,
+                    landed: [0; STEPS as usize],
                     tail: 0,
                     copied: 0,
                     credited: 0,
@@ -374,6 +482,7 @@ impl Proxy {
                     call: None,
                 })
                 .collect(),
+            copied: Arc::clone(&copied),
         };
         let stop = Arc::new(AtomicBool::new(false));
         let woken = Arc::new(AtomicBool::new(false));
@@ -413,6 +522,7 @@ impl Proxy {
             bell,
             abort,
             failure,
+            copied,
             thread: Some(thread),
             out,
             inc,
@@ -430,6 +540,14 @@ impl Proxy {
     /// word where the loop should stop at once.
     pub fn abort_word(&self) -> &AtomicU64 {
         &self.abort
+    }
+
+    /// Bytes the proxy copied between the staging regions and a
+    /// transport's own memory (FIFO slots, staging): 0 where every end
+    /// uses the regions in place (RDMA, lent them) or reads payloads
+    /// straight into them (TCP) and sends from them.
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
     }
 
     /// Why the proxy stopped, if it failed.
@@ -545,9 +663,20 @@ impl Work {
                 step: o.shipped,
                 slots: sps,
             };
-            o.end
-                .post_from(seq, span, header.as_ref(), data, slot_bytes as usize)
-                .map_err(Error::comm("SendEnd::post_from"))?;
+            if o.lent {
+                // The end's staging is this FIFO: the loop wrote it there.
+                o.end
+                    .post(seq, span, header.as_ref(), next)
+                    .map_err(Error::comm("SendEnd::post"))?;
+            } else {
+                if !o.end.prefers_post_from() {
+                    // It copies `data` into staging of its own.
+                    self.copied.fetch_add(next as u64, Ordering::Relaxed);
+                }
+                o.end
+                    .post_from(seq, span, header.as_ref(), data, slot_bytes as usize)
+                    .map_err(Error::comm("SendEnd::post_from"))?;
+            }
             o.shipped += sps;
             busy = true;
         }
@@ -562,7 +691,23 @@ impl Work {
         };
         let layout = self.layout;
         let mut busy = false;
-        while let Some(ev) = i.end.poll().map_err(Error::comm("RecvEnd::poll"))? {
+        let mut landing = RegionLanding {
+            region,
+            fifo: layout.fifo_offset(i.c),
+            fifo_bytes: layout.fifo_bytes(),
+            slot_bytes: self.shape.geometry.slot_bytes(),
+            landed: &mut i.landed,
+        };
+        let lands = !i.lent && i.end.lands();
+        loop {
+            let ev = if lands {
+                i.end.poll_landing(&mut landing)
+            } else {
+                i.end.poll()
+            };
+            let Some(ev) = ev.map_err(Error::comm("RecvEnd::poll"))? else {
+                break;
+            };
             match ev {
                 Event::Header { step, desc } => i.headers.push_back((step, desc)),
                 Event::Tail(t) => i.tail = i.tail.max(t),
@@ -602,14 +747,25 @@ impl Work {
             };
             for s in 0..sps {
                 let len = left.min(slot_bytes as usize);
-                let slot = slot_of(i.copied + s);
-                if len > 0 {
+                let step = i.copied + s;
+                let slot = slot_of(step);
+                let landed = i.landed[slot.0 as usize] == step + 1;
+                if len > 0 && !landed {
                     let from = i
                         .end
                         .slot(slot, len)
                         .map_err(Error::comm("RecvEnd::slot"))?;
                     let at = layout.fifo_offset(i.c) + slot.0 as u64 * slot_bytes;
-                    region.write(at, from)?;
+                    let in_place = from.as_ptr() as usize == region.host + at as usize;
+                    if i.lent && !in_place {
+                        return Err(Error::BadConfig {
+                            what: "an end lent the staging FIFO lands elsewhere",
+                        });
+                    }
+                    if !in_place {
+                        region.write(at, from)?;
+                        self.copied.fetch_add(len as u64, Ordering::Relaxed);
+                    }
                 }
                 left -= len;
             }

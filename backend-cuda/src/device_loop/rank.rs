@@ -189,6 +189,7 @@ impl GpuRank {
                 layout,
                 (config.geometry, "pinned host memory"),
                 deadline,
+                &|| Region::pinned(&ctx, layout.total()),
             )?),
             None => None,
         };
@@ -197,17 +198,12 @@ impl GpuRank {
             inc,
             next,
             out,
-        } = NetLinks::sides(
-            links.as_ref(),
-            || Region::pinned(&ctx, layout.total()),
-            import,
-            (prev_rank, next_rank),
-        )?;
+        } = NetLinks::sides(links.as_ref(), import, (prev_rank, next_rank))?;
         let base = |m: &Option<CudaImport>| m.as_ref().map(CudaImport::ptr);
         let chans = layout.table_with(
             own.ptr(),
-            Neighbour::of(base(&prev), inc.as_ref(), own.ptr()),
-            Neighbour::of(base(&next), out.as_ref(), own.ptr()),
+            Neighbour::of(base(&prev), inc, own.ptr()),
+            Neighbour::of(base(&next), out, own.ptr()),
         );
         let bytes = std::mem::size_of_val(chans.as_slice()) as u64;
         let table = DeviceAlloc::zeroed(&ctx, bytes)?;
@@ -221,7 +217,7 @@ impl GpuRank {
         )?;
         let between_nodes = links.as_ref().and_then(NetLinks::transport);
         let proxy = match links {
-            Some(l) => l.start(rank, (out, inc), Some(host.host_addr()))?,
+            Some(l) => l.start(rank, Some(host.host_addr()))?,
             None => None,
         };
         match between_nodes {

@@ -1,7 +1,9 @@
 //! Registered memory: the buffers this crate owns (FIFO slots, mailboxes,
-//! credit counters, staging). The caller's buffers are never registered:
-//! the executor reads the incoming slot in place and writes the outgoing
-//! one into staging, so the NIC only ever touches memory an end owns.
+//! credit counters, staging), and FIFO memory a caller lends an end
+//! ([`FifoMemory`]: a device loop's staging regions, which the NIC then
+//! reads and writes in place). A communicator's call buffers are never
+//! registered: the executor reads the incoming slot in place and writes
+//! the outgoing one into staging.
 //!
 //! The unsafe part is small and in one place: memory that a NIC may write
 //! is only ever handed out as a byte slice for a range the slot protocol
@@ -11,6 +13,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ringcc_comm::transport::FifoMemory;
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::AccessFlags;
@@ -42,13 +45,31 @@ impl Drop for Alloc {
     }
 }
 
-/// A buffer this crate owns, registered with one protection domain.
+/// The memory under a [`HostBuf`].
+enum Mem {
+    /// Allocated (and freed) by the buffer.
+    Owned(Alloc),
+    /// Lent by the caller, who keeps it alive (see [`HostBuf::lent`]).
+    Lent(NonNull<u8>),
+}
+
+impl Mem {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Mem::Owned(a) => a.ptr.as_ptr(),
+            Mem::Lent(p) => p.as_ptr(),
+        }
+    }
+}
+
+/// A buffer registered with one protection domain: this crate's own, or
+/// memory lent to an end.
 ///
 /// Field order matters: the registration is dropped (deregistered) before
 /// the memory is freed.
 pub(crate) struct HostBuf {
     mr: Arc<MemoryRegion>,
-    mem: Alloc,
+    mem: Mem,
     len: usize,
 }
 
@@ -73,11 +94,46 @@ impl HostBuf {
         // registration (field order: `mr` drops first).
         let mr = unsafe { pd.reg_mr(mem.ptr.as_ptr() as usize, len.max(1), access) }
             .map_err(Error::verbs("ibv_reg_mr", device))?;
-        Ok(HostBuf { mr, mem, len })
+        Ok(HostBuf {
+            mr,
+            mem: Mem::Owned(mem),
+            len,
+        })
+    }
+
+    /// The lent memory `mem`, registered with `access` on `pd`.
+    ///
+    /// # Safety
+    /// `mem`'s contract ([`FifoMemory::new`]): it stays valid and in place
+    /// until this buffer (and whatever queue pair may reach it) is
+    /// dropped.
+    pub unsafe fn lent(
+        pd: &Arc<ProtectionDomain>,
+        mem: FifoMemory,
+        access: AccessFlags,
+        device: &str,
+    ) -> Result<HostBuf> {
+        let ptr = NonNull::new(mem.as_ptr())
+            .filter(|_| !mem.is_empty())
+            .ok_or_else(|| Error::Verbs {
+                call: "ibv_reg_mr",
+                device: device.to_owned(),
+                source: "lent memory that is empty or at address 0".into(),
+            })?;
+        let len = mem.len();
+        // SAFETY: the caller keeps `mem` valid for `len` bytes until this
+        // buffer drops, and the registration drops first (field order).
+        let mr = unsafe { pd.reg_mr(ptr.as_ptr() as usize, len, access) }
+            .map_err(Error::verbs("ibv_reg_mr", device))?;
+        Ok(HostBuf {
+            mr,
+            mem: Mem::Lent(ptr),
+            len,
+        })
     }
 
     pub fn addr(&self) -> u64 {
-        self.mem.ptr.as_ptr() as u64
+        self.mem.ptr() as u64
     }
 
     pub fn lkey(&self) -> u32 {
@@ -98,7 +154,7 @@ impl HostBuf {
             return None;
         }
         // SAFETY: `off + len <= self.len`, inside the allocation.
-        Some(unsafe { self.mem.ptr.as_ptr().add(off) })
+        Some(unsafe { self.mem.ptr().add(off) })
     }
 
     /// `len` bytes at `offset` (`None` out of bounds).
