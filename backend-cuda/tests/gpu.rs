@@ -475,6 +475,7 @@ mod processes {
                 .collect(),
             chunk_bytes: config.chunk_bytes,
             banner: true,
+            fifos_apart: false,
         });
         let mut g = GpuRank::init_on_nodes(0, Rank(rank), ranks, store, config, net)
             .map_err(|e| e.to_string())?;

@@ -325,6 +325,11 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
         },
         chunk_bytes: SLOT_BYTES * 4,
         banner: true,
+        // GPUDirect RDMA's layout (each staged hop's FIFOs apart from its
+        // counters) on every rank of "nodes-apart", and over verbs on
+        // node b's ranks (node a's keep them together: the two layouts
+        // meet on every hop between the nodes).
+        fifos_apart: suite == "nodes-apart" || suite == "nodes-verbs" && rank >= ranks / 2,
     });
     let peers = LoopPeers::connect_nodes(
         &store,
@@ -369,7 +374,7 @@ fn child(suite: &str, rank: u32, ranks: u32, channels: u8) -> Result<String, Str
             .collect::<Vec<_>>()
     };
     match suite {
-        "suite" | "nodes" | "nodes-verbs" => {
+        "suite" | "nodes" | "nodes-apart" | "nodes-verbs" => {
             let mut jobs = Vec::new();
             let mut seq = 0;
             for c in collectives(ranks) {
@@ -570,8 +575,10 @@ fn two_nodes_every_collective_on_the_device_loop_through_the_proxy() {
         assert!(
             e.out
                 .contains("ringcc INFO: 4 ranks on 2 node(s), 2 channel(s), the device loop")
-                && e.out
-                    .contains("tcp between nodes staged through host memory")
+                && e.out.contains(
+                    "tcp between nodes staged through host memory by each rank's proxy \
+                     (GPUDirect RDMA: not used: the fake device has no device memory)"
+                )
                 && e.out
                     .contains("ring 0[a] -cuda-ipc-> 1[a] -tcp-> 2[b] -cuda-ipc-> 3[b] -tcp-> 0"),
             "rank 0: {}",
@@ -589,12 +596,35 @@ fn two_nodes_every_collective_on_the_device_loop_through_the_proxy() {
 fn two_nodes_over_verbs_on_the_device_loop_through_the_proxy() {
     let exits = job("nodes-verbs", 4, 2);
     // Both ends of every hop between the nodes took the staging region
-    // lent to them (and each rank's proxy copied nothing: `child`).
+    // lent to them (and each rank's proxy copied nothing: `child`); node
+    // b's ranks keep their FIFOs apart from the counters (GPUDirect
+    // RDMA's layout), registered on their own.
     if let Some(e) = exits.as_ref().and_then(|e| e.first()) {
         assert!(
             e.out.contains(
                 "verbs between nodes staged through host memory, registered with the NIC (no \
                  copies)"
+            ),
+            "rank 0: {}",
+            e.out
+        );
+    }
+    all_ok(exits);
+}
+
+/// The same over TCP with GPUDirect RDMA's layout: each staged hop's
+/// FIFOs in memory of their own, apart from its counters (a GPU rank's
+/// FIFOs in device memory, registered with the NIC), which the loop's
+/// table points at and TCP lands payloads in (no copy: `child`).
+#[test]
+fn two_nodes_with_the_fifos_apart_on_the_device_loop_through_the_proxy() {
+    let exits = job("nodes-apart", 4, 2);
+    if let Some(e) = exits.as_ref().and_then(|e| e.first()) {
+        assert!(
+            e.out.contains(
+                "tcp between nodes staged through host memory, the FIFOs apart from the \
+                 counters by each rank's proxy (GPUDirect RDMA: not used: the FIFOs are in host \
+                 memory)"
             ),
             "rank 0: {}",
             e.out

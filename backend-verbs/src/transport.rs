@@ -266,6 +266,20 @@ impl Transport for VerbsTransport {
         unsafe { self.connect_with(job, hop, Some(staging)) }.map(|end| (end, true))
     }
 
+    /// Every device opened registers dma-buf memory (asked at
+    /// [`publish`](Transport::publish) as NCCL asks it); Soft-RoCE, for
+    /// one, does not.
+    fn device_memory(&self) -> std::result::Result<(), String> {
+        if self.nics.is_empty() {
+            return Err("verbs: no device opened".into());
+        }
+        self.nics.iter().try_for_each(|(nic, _)| {
+            nic.dma_buf
+                .clone()
+                .map_err(|why| format!("verbs on {}: {why}", nic.name))
+        })
+    }
+
     fn accept(&mut self, job: &Job<'_>, hop: Hop) -> Result<Box<dyn RecvEnd>> {
         let waker = self.waker(job)?;
         let retry = self.retry();

@@ -928,3 +928,53 @@ fn cli_perf_host_np_takes_verbs_fifo_only_for_verbs_hops() {
         "{out}"
     );
 }
+
+/// GPUDirect RDMA on Soft-RoCE: the device is asked at `publish` as NCCL
+/// asks it (a dma-buf registration of nothing) and says no, with the
+/// reason; device memory lent anyway reaches `ibv_reg_dmabuf_mr`, which
+/// refuses it with a typed error naming the call (`/dev/null` is no dma-buf,
+/// and rxe registers none) — no panic, nothing made.
+#[test]
+#[ignore = "needs an RDMA device (run scripts/verbs-vm-tests.sh)"]
+fn dma_buf_memory_is_probed_and_refused_on_soft_roce() {
+    use ringcc_comm::transport::{FifoMemory, Hop, Transport};
+    use ringcc_core::fifo::FifoGeometry;
+    use ringcc_core::{ChannelId, Rank};
+    use std::os::fd::AsRawFd;
+
+    let mut t = ringcc_verbs::VerbsTransport::new(ringcc_verbs::VerbsConfig::default());
+    assert!(t.publish("dma-buf-probe", Rank(0)).unwrap().is_some());
+    let why = t.device_memory().unwrap_err();
+    assert!(why.contains("cannot register dma-buf memory"), "{why}");
+    let store = ringcc_comm::store::MemStore::new();
+    let bell: std::sync::Arc<dyn ringcc_comm::transport::Bell> =
+        std::sync::Arc::new(ringcc_comm::LocalBell::new());
+    let geometry = FifoGeometry::new(4096, 2).unwrap();
+    let job = ringcc_comm::transport::Job {
+        token: "dma-buf-probe",
+        rank: Rank(0),
+        world: 2,
+        geometry,
+        deadline: Instant::now() + Duration::from_secs(10),
+        peers: &[],
+        bell: &bell,
+        store: &store,
+    };
+    let len = geometry.fifo_bytes() as usize;
+    // Any descriptor that is no dma-buf.
+    let not_dma_buf = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    // SAFETY: `ibv_reg_dmabuf_mr` refuses it (checked below): nothing
+    // ever reaches the "device" address.
+    let fifo = unsafe { FifoMemory::dma_buf(not_dma_buf.as_raw_fd(), 0, 0x10_0000_0000, len) };
+    let hop = Hop {
+        channel: ChannelId(0),
+        sender: Rank(1),
+        receiver: Rank(0),
+    };
+    let err = t.listen_in(&job, hop, fifo).unwrap_err();
+    assert!(err.to_string().contains("ibv_reg_dmabuf_mr"), "{err}");
+}

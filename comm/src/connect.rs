@@ -124,8 +124,11 @@ fn introduce(
 type Ends = (Vec<Box<dyn SendEnd>>, Vec<Box<dyn RecvEnd>>);
 
 /// Memory the caller lends a hop's end for its FIFO (see
-/// [`FifoMemory`]), asked once per end made; `None`: the end uses its own.
-pub type Lend<'a> = &'a mut dyn FnMut(Hop, HopEnd) -> Result<Option<FifoMemory>>;
+/// [`FifoMemory`]), asked once per end made, with the transport that will
+/// make it (device memory only where it
+/// [takes it](Transport::device_memory)); `None`: the end uses its
+/// own.
+pub type Lend<'a> = &'a mut dyn FnMut(Hop, HopEnd, &dyn Transport) -> Result<Option<FifoMemory>>;
 
 /// Per channel, whether the end took the memory lent to it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -165,7 +168,7 @@ fn join(
     if let Some(t) = t_in {
         for c in 0..channels {
             let t = nth(transports, t)?;
-            lent.recv.push(match lend(hop_in(c), HopEnd::Recv)? {
+            lent.recv.push(match lend(hop_in(c), HopEnd::Recv, &**t)? {
                 Some(fifo) => t.listen_in(job, hop_in(c), fifo)?,
                 None => t.listen(job, hop_in(c)).map(|()| false)?,
             });
@@ -181,7 +184,7 @@ fn join(
     if let Some(t) = t_out {
         for c in 0..channels {
             let t = nth(transports, t)?;
-            let (end, took) = match lend(hop_out(c), HopEnd::Send)? {
+            let (end, took) = match lend(hop_out(c), HopEnd::Send, &**t)? {
                 Some(staging) => t.connect_from(job, hop_out(c), staging)?,
                 None => (t.connect(job, hop_out(c))?, false),
             };
@@ -309,7 +312,7 @@ pub(crate) fn connect(
         (channels, ""),
         (Some(t_in), prev),
         (Some(t_out), next),
-        &mut |_, _| Ok(None),
+        &mut |_, _, _| Ok(None),
     )?;
     let links = recvs
         .into_iter()

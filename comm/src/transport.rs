@@ -39,7 +39,7 @@ use ringcc_core::wire::call_header::CALL_HEADER_LEN;
 use ringcc_core::{ChannelId, Protocol, Rank, SlotIndex};
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::Store;
 
 /// Where the running call takes some slices' bytes unchanged: straight
@@ -296,15 +296,21 @@ pub const CHANNEL_BYTES: u64 = 4 << 20;
 /// ([`Transport::connect_from`]). A device loop's network proxy lends the
 /// staging regions the loop itself reads and writes, so that no CPU copy
 /// stands between them and the network (NCCL's proxy: the NIC reads and
-/// writes the host FIFOs the GPU uses).
+/// writes the host FIFOs the GPU uses) — or, with GPUDirect RDMA, the
+/// loop's FIFOs in device memory, exported as a dma-buf
+/// ([`FifoMemory::dma_buf`]): only a transport whose
+/// [`Transport::device_memory`] says so may be lent those.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FifoMemory {
     addr: usize,
     len: usize,
+    /// Device memory: the dma-buf's descriptor and the first byte's
+    /// offset in it (`addr` is then the device address, not the CPU's).
+    dma_buf: Option<(i32, u64)>,
 }
 
 impl FifoMemory {
-    /// `len` bytes at `ptr`.
+    /// `len` bytes of host memory at `ptr`.
     ///
     /// # Safety
     /// The bytes stay valid for reads and writes, and in place, until
@@ -318,15 +324,34 @@ impl FifoMemory {
         FifoMemory {
             addr: ptr.as_ptr() as usize,
             len,
+            dma_buf: None,
         }
     }
 
-    /// The first byte.
+    /// `len` bytes of device memory at device address `addr`, exported
+    /// as the dma-buf `fd` from byte `offset` on (CUDA's
+    /// `cuMemGetHandleForAddressRange`): a NIC that can registers it
+    /// (`ibv_reg_dmabuf_mr`, GPUDirect RDMA) and reads and writes the
+    /// device's memory itself. The CPU never dereferences it.
+    ///
+    /// # Safety
+    /// [`new`](FifoMemory::new)'s contract for the device memory; `fd` is
+    /// a dma-buf of it, open until the call it is lent to returns.
+    pub unsafe fn dma_buf(fd: i32, offset: u64, addr: u64, len: usize) -> FifoMemory {
+        FifoMemory {
+            addr: addr as usize,
+            len,
+            dma_buf: Some((fd, offset)),
+        }
+    }
+
+    /// The first byte (host memory; for device memory its device address,
+    /// which the CPU must not dereference).
     pub fn as_ptr(&self) -> *mut u8 {
         self.addr as *mut u8
     }
 
-    /// The address of the first byte.
+    /// The address of the first byte (the device's, for device memory).
     pub fn addr(&self) -> usize {
         self.addr
     }
@@ -341,10 +366,24 @@ impl FifoMemory {
         self.len == 0
     }
 
+    /// Device memory: the dma-buf's descriptor and the offset of the
+    /// first byte in it; `None` for host memory.
+    pub fn device(&self) -> Option<(i32, u64)> {
+        self.dma_buf
+    }
+
     /// Whether it holds a FIFO of `geometry` (`STEPS` slots).
     pub fn holds(&self, geometry: &FifoGeometry) -> bool {
         u64::try_from(self.len).is_ok_and(|l| l >= geometry.fifo_bytes())
     }
+}
+
+/// The refusal of device memory by a transport that cannot take it.
+fn no_device_memory(name: &str, hop: Hop) -> Error {
+    Error::BadConfig(format!(
+        "{name} cannot take device memory (a dma-buf) as the FIFO of {hop:?}: \
+         lend it only where Transport::device_memory says so"
+    ))
 }
 
 /// Which end of a hop a rank makes.
@@ -405,8 +444,15 @@ pub trait Transport: Send {
     /// so that [`RecvEnd::slot`] lends `fifo`'s own bytes, and says
     /// `true`. The default listens with memory of the end's own and says
     /// `false` (the caller copies out of [`RecvEnd::slot`]).
+    ///
+    /// Device memory ([`FifoMemory::dma_buf`]) cannot land anywhere the
+    /// CPU copies from: a transport that does not take it
+    /// ([`device_memory`](Transport::device_memory) says no)
+    /// refuses it with [`Error::BadConfig`], as the default does.
     fn listen_in(&mut self, job: &Job<'_>, hop: Hop, fifo: FifoMemory) -> Result<bool> {
-        let _ = fifo;
+        if fifo.device().is_some() {
+            return Err(no_device_memory(self.name(), hop));
+        }
         self.listen(job, hop).map(|()| false)
     }
 
@@ -423,7 +469,19 @@ pub trait Transport: Send {
         hop: Hop,
         staging: FifoMemory,
     ) -> Result<(Box<dyn SendEnd>, bool)> {
-        let _ = staging;
+        if staging.device().is_some() {
+            return Err(no_device_memory(self.name(), hop));
+        }
         self.connect(job, hop).map(|end| (end, false))
+    }
+
+    /// `Ok` where [`listen_in`](Transport::listen_in) and
+    /// [`connect_from`](Transport::connect_from) take device memory lent
+    /// as a dma-buf ([`FifoMemory::dma_buf`]) — GPUDirect RDMA, the NIC
+    /// reading and writing GPU memory itself —, else why not (for the
+    /// init banner). Asked after [`publish`](Transport::publish); the
+    /// default (every transport that moves bytes with the CPU) says no.
+    fn device_memory(&self) -> std::result::Result<(), String> {
+        Err(format!("{} moves bytes with the CPU", self.name()))
     }
 }

@@ -163,6 +163,90 @@ impl Drop for HostMapped {
     }
 }
 
+/// Zeroed device memory exported as a dma-buf, for a NIC to register
+/// (GPUDirect RDMA: `ibv_reg_dmabuf_mr`, NCCL's way since CUDA 11.7):
+/// the FIFOs of a hop between nodes, which the loop writes and reads in
+/// device memory while the NIC reads and writes them over PCIe.
+///
+/// The exported range starts and ends on host page boundaries, as
+/// dma-buf export asks; the allocation is a page larger to give it room.
+#[derive(Debug)]
+pub(crate) struct DmaBufMem {
+    // The descriptor closes before the memory is freed.
+    fd: std::os::fd::OwnedFd,
+    addr: u64,
+    len: u64,
+    _alloc: DeviceAlloc,
+}
+
+impl DmaBufMem {
+    /// Whether `ctx`'s device exports dma-bufs (CUDA 11.7+ on a driver
+    /// and GPU that can): `Err` says why not.
+    pub(crate) fn supported(ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
+        match ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) {
+            Ok(1) => Ok(()),
+            Ok(_) => Err("the GPU or its driver exports no dma-buf".into()),
+            Err(e) => Err(format!("cuDeviceGetAttribute(DMA_BUF_SUPPORTED): {e}")),
+        }
+    }
+
+    /// `len` zeroed bytes of `ctx`'s device memory, exported.
+    pub(crate) fn zeroed(ctx: &Arc<CudaContext>, len: u64) -> Result<DmaBufMem> {
+        use std::os::fd::FromRawFd;
+        const PAGE: u64 = 4096;
+        let rounded = len.max(1).next_multiple_of(PAGE);
+        let alloc = DeviceAlloc::zeroed(ctx, rounded + PAGE)?;
+        let addr = alloc.ptr().next_multiple_of(PAGE);
+        let size = usize::try_from(rounded).map_err(|_| Error::BadConfig {
+            what: "a FIFO region beyond the address space",
+        })?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `[addr, addr + rounded)` lies inside `alloc` (a page of
+        // room for the alignment), in this context, current since
+        // `zeroed`; `fd` is valid for the int the driver writes.
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast::<c_void>(),
+                addr,
+                size,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        }
+        .result()
+        .map_err(Error::driver("cuMemGetHandleForAddressRange(DMA_BUF_FD)"))?;
+        if fd < 0 {
+            return Err(Error::BadConfig {
+                what: "cuMemGetHandleForAddressRange gave no descriptor",
+            });
+        }
+        // SAFETY: a descriptor the driver just opened for us, owned here.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Ok(DmaBufMem {
+            fd,
+            addr,
+            len: rounded,
+            _alloc: alloc,
+        })
+    }
+
+    /// The first byte's device address.
+    pub(crate) fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Bytes exported.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The dma-buf's descriptor (the export starts at `addr`: offset 0).
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+}
+
 /// A loaded device-loop module.
 #[derive(Debug)]
 struct LoopModule {

@@ -26,7 +26,7 @@ use ringcc_core::Rank;
 use ringcc_comm::transport::{HopEnd, Transport};
 
 use super::abi::RcChan;
-use super::proxy::{PlanShape, Proxy, Region};
+use super::proxy::{PlanShape, Proxy, Region, Staging};
 use crate::error::{Error, Result};
 use crate::ipc::memory::{ExportedMemory, ImportedMemory, IpcHandle};
 
@@ -125,14 +125,15 @@ impl RegionLayout {
         let mut t = self.table(own, pb, nb);
         for (c, ch) in (0..self.channels).zip(t.iter_mut()) {
             let f = self.flags(c);
-            if let Neighbour::Staged(r) = prev {
-                ch.recv_tail = r + f + TAIL;
-                ch.recv_call = r + f + CALL;
-                ch.recv_head = r + f + HEAD;
-                ch.recv_fifo = r + self.fifo(c);
+            if let Neighbour::Staged { words, fifos } = prev {
+                ch.recv_tail = words + f + TAIL;
+                ch.recv_call = words + f + CALL;
+                ch.recv_head = words + f + HEAD;
+                ch.recv_fifo = fifos + self.fifo(c);
             }
-            if let Neighbour::Staged(r) = next {
-                ch.send_head = r + f + HEAD;
+            if let Neighbour::Staged { words, fifos } = next {
+                ch.send_head = words + f + HEAD;
+                ch.send_fifo = fifos + self.fifo(c);
             }
         }
         t
@@ -176,17 +177,24 @@ pub enum Neighbour {
     /// The neighbour's own loop memory, mapped (CUDA IPC; or this rank's
     /// own memory in a ring of one).
     Mapped(u64),
-    /// A staging region in host memory that this rank's proxy serves.
-    Staged(u64),
+    /// Staging that this rank's proxy serves (`Staging`): the words
+    /// in host memory at `words`, the FIFOs laid out from `fifos` (the
+    /// same region, or device memory a NIC registers).
+    Staged {
+        /// The words' region.
+        words: u64,
+        /// The FIFOs' region.
+        fifos: u64,
+    },
 }
 
 impl Neighbour {
-    /// A neighbour staged through the region at `staged` where given,
-    /// else the mapped memory at `mapped`, else (a ring of one) this
-    /// rank's own at `own`.
-    pub(crate) fn of(mapped: Option<u64>, staged: Option<u64>, own: u64) -> Neighbour {
+    /// A neighbour staged at `staged` (words, FIFOs) where given, else
+    /// the mapped memory at `mapped`, else (a ring of one) this rank's
+    /// own at `own`.
+    pub(crate) fn of(mapped: Option<u64>, staged: Option<(u64, u64)>, own: u64) -> Neighbour {
         match (staged, mapped) {
-            (Some(r), _) => Neighbour::Staged(r),
+            (Some((words, fifos)), _) => Neighbour::Staged { words, fifos },
             (None, Some(m)) => Neighbour::Mapped(m),
             (None, None) => Neighbour::Mapped(own),
         }
@@ -194,7 +202,7 @@ impl Neighbour {
 
     fn base(self) -> u64 {
         match self {
-            Neighbour::Mapped(b) | Neighbour::Staged(b) => b,
+            Neighbour::Mapped(b) | Neighbour::Staged { words: b, .. } => b,
         }
     }
 }
@@ -228,6 +236,11 @@ pub struct NodeNet {
     /// Rank 0 prints the init banner (ranks, nodes, channels, how each
     /// hop travels), as `RINGCC_DEBUG=INFO` asks of the communicator.
     pub banner: bool,
+    /// On the fake device: each staged hop's FIFOs in host memory of
+    /// their own, apart from its counters — the layout GPUDirect RDMA
+    /// gives a GPU rank (its FIFOs in device memory), run without a GPU.
+    /// A GPU rank decides for itself (see `GpuRank::init_on_nodes`).
+    pub fifos_apart: bool,
 }
 
 impl std::fmt::Debug for NodeNet {
@@ -281,10 +294,14 @@ pub(crate) fn wait_key(
 impl NodeNet {
     /// Connects `rank`'s ring hops that leave its node (every rank of the
     /// job calls this): the loop's ring is in rank order, so a node's
-    /// ranks must be consecutive. Each staged direction gets a region
-    /// made by `region`, lent to the transports as the hop's FIFO (see
-    /// [`FifoMemory`]): where a transport takes it (RDMA), the NIC reads
-    /// and writes the loop's staging itself and the proxy copies nothing.
+    /// ranks must be consecutive. Each staged direction gets [`Staging`]:
+    /// its words in a region made by `region`, its FIFOs where `fifos`
+    /// says for the transport that carries the hop — `Ok(region)` apart
+    /// (device memory for GPUDirect RDMA), `Err(why)` in the words'
+    /// region (why GPUDirect is not used, for the banner). Each channel's
+    /// FIFO is lent to its end ([`FifoMemory`]): where a transport takes
+    /// it (RDMA), the NIC reads and writes the loop's FIFOs itself and
+    /// the proxy copies nothing.
     pub(crate) fn connect(
         mut self,
         store: &dyn Store,
@@ -292,12 +309,17 @@ impl NodeNet {
         layout: RegionLayout,
         (geometry, staging): (FifoGeometry, &str),
         deadline: Instant,
-        region: &dyn Fn() -> Result<Region>,
+        (region, fifos): (&dyn Fn() -> Result<Region>, &FifosAt<'_>),
     ) -> Result<NetLinks> {
         // Declared before the transports, so that they (and anything they
         // hold that was lent a region) drop first.
-        let (mut out, mut inc): (Option<Region>, Option<Region>) = (None, None);
+        let (mut out, mut inc): (Option<Staging>, Option<Staging>) = (None, None);
+        let mut why_not = None;
         let mut transports = std::mem::take(&mut self.transports);
+        let internal = |what: &str| {
+            let what = what.to_owned();
+            move |e: Error| ringcc_comm::Error::Internal(format!("{what}: {e}"))
+        };
         let links = ringcc_comm::connect_between_nodes(
             store,
             &self.token,
@@ -308,20 +330,26 @@ impl NodeNet {
             geometry,
             deadline,
             &mut transports,
-            &mut |hop, end| {
+            &mut |hop, end, t| {
                 let side = match end {
                     HopEnd::Send => &mut out,
                     HopEnd::Recv => &mut inc,
                 };
                 if side.is_none() {
-                    *side = Some(region().map_err(|e| {
-                        ringcc_comm::Error::Internal(format!("a staging region: {e}"))
-                    })?);
+                    let words = region().map_err(internal("a staging region"))?;
+                    let apart = match fifos(t).map_err(internal("the FIFOs' memory"))? {
+                        Ok(r) => Some(r),
+                        Err(why) => {
+                            why_not.get_or_insert(why);
+                            None
+                        }
+                    };
+                    *side = Some(Staging::new(words, apart));
                 }
                 side.as_ref()
-                    .map(|r| r.fifo(&layout, hop.channel.0))
+                    .map(|s| s.fifo(&layout, hop.channel.0))
                     .transpose()
-                    .map_err(|e| ringcc_comm::Error::Internal(format!("a staging FIFO: {e}")))
+                    .map_err(internal("a staging FIFO"))
             },
         );
         let links = links.map_err(Error::comm("connect_between_nodes"))?;
@@ -339,6 +367,7 @@ impl NodeNet {
                 geometry,
             },
             layout,
+            why_not,
             out: out.take(),
             inc: inc.take(),
         };
@@ -349,14 +378,22 @@ impl NodeNet {
     }
 }
 
+/// Where a staged hop's FIFOs go, asked with the transport that carries
+/// it: `Ok(region)` apart from the words (device memory a NIC registers:
+/// GPUDirect RDMA), `Err(why)` with the words (why GPUDirect is not
+/// used).
+pub(crate) type FifosAt<'a> =
+    dyn Fn(&dyn Transport) -> Result<std::result::Result<Region, String>> + 'a;
+
 /// A rank's ring neighbours as its loop reaches them: each either mapped
 /// (`prev` / `next`: memory of type `M`, `None` in a ring of one) or
 /// staged through a region (`inc` / `out`: where the loop reaches it).
 pub(crate) struct Sides<M> {
     pub(crate) prev: Option<M>,
-    pub(crate) inc: Option<u64>,
+    /// Where the loop reaches the staged side: its words, its FIFOs.
+    pub(crate) inc: Option<(u64, u64)>,
     pub(crate) next: Option<M>,
-    pub(crate) out: Option<u64>,
+    pub(crate) out: Option<(u64, u64)>,
 }
 
 /// A rank's hops between nodes, connected, with the staging regions lent
@@ -367,8 +404,11 @@ pub(crate) struct NetLinks {
     links: ringcc_comm::NodeLinks,
     shape: PlanShape,
     layout: RegionLayout,
-    out: Option<Region>,
-    inc: Option<Region>,
+    /// Why the FIFOs are not in device memory (GPUDirect RDMA), where
+    /// they are not.
+    why_not: Option<String>,
+    out: Option<Staging>,
+    inc: Option<Staging>,
 }
 
 impl NetLinks {
@@ -380,9 +420,10 @@ impl NetLinks {
         mut import: impl FnMut(Rank) -> Result<Option<M>>,
         (prev, next): (Rank, Rank),
     ) -> Result<Sides<M>> {
-        let mut side = |staged: Option<&Region>, peer: Rank| -> Result<(Option<M>, Option<u64>)> {
+        type Side<M> = (Option<M>, Option<(u64, u64)>);
+        let mut side = |staged: Option<&Staging>, peer: Rank| -> Result<Side<M>> {
             Ok(match staged {
-                Some(r) => (None, Some(r.addr())),
+                Some(s) => (None, Some(s.addrs())),
                 None => (import(peer)?, None),
             })
         };
@@ -406,15 +447,34 @@ impl NetLinks {
         nodes.dedup();
         let net = self.transport().unwrap_or("none");
         let lent = &self.links.lent;
-        let registered = if lent.send.iter().chain(&lent.recv).all(|&l| l) {
-            ", registered with the NIC (no copies)"
-        } else {
-            ""
-        };
+        let all_lent = lent.send.iter().chain(&lent.recv).all(|&l| l);
+        let how =
+            if self.gpudirect() {
+                format!(
+                    "{net} between nodes with GPUDirect RDMA: the NIC reads and writes the loop's \
+                 FIFOs in device memory (dma-buf), the counters staged through {staging} by each \
+                 rank's proxy"
+                )
+            } else {
+                let registered = if all_lent {
+                    ", registered with the NIC (no copies)"
+                } else {
+                    ""
+                };
+                let apart = [&self.out, &self.inc]
+                    .into_iter()
+                    .flatten()
+                    .any(Staging::fifos_apart);
+                format!(
+                "{net} between nodes staged through {staging}{registered}{} by each rank's proxy \
+                 (GPUDirect RDMA: not used: {})",
+                if apart { ", the FIFOs apart from the counters" } else { "" },
+                self.why_not.as_deref().unwrap_or("the FIFOs are in host memory"),
+            )
+            };
         let mut s = format!(
             "ringcc INFO: {} ranks on {} node(s), {} channel(s), the device loop; CUDA IPC inside a \
-             node, {net} between nodes staged through {staging}{registered} by each rank's proxy \
-             (GPUDirect RDMA: not used)\nringcc INFO: ring",
+             node, {how}\nringcc INFO: ring",
             peers.len(),
             nodes.len(),
             self.layout.channels(),
@@ -426,6 +486,16 @@ impl NetLinks {
         }
         s.push_str(" 0");
         s
+    }
+
+    /// Whether every staged side keeps its FIFOs in device memory, taken
+    /// by every end (GPUDirect RDMA).
+    pub(crate) fn gpudirect(&self) -> bool {
+        let lent = &self.links.lent;
+        let sides: Vec<&Staging> = [&self.out, &self.inc].into_iter().flatten().collect();
+        !sides.is_empty()
+            && sides.iter().all(|s| s.fifos_on_device())
+            && lent.send.iter().chain(&lent.recv).all(|&l| l)
     }
 
     /// The transport between the nodes, if a hop leaves this one.
@@ -521,6 +591,7 @@ impl LoopPeers {
             Rank((rank.0 + world - 1) % world),
             Rank((rank.0 + 1) % world),
         );
+        let apart = net.as_ref().is_some_and(|n| n.fifos_apart);
         let links = match net {
             Some(net) => Some(net.connect(
                 store,
@@ -528,7 +599,13 @@ impl LoopPeers {
                 layout,
                 (geometry, "host memory"),
                 deadline,
-                &|| Region::host(layout.total()),
+                (&|| Region::host(layout.total()), &|_| {
+                    Ok(if apart {
+                        Ok(Region::host(layout.total())?)
+                    } else {
+                        Err("the fake device has no device memory".into())
+                    })
+                }),
             )?),
             None => None,
         };

@@ -29,6 +29,12 @@
 //! region (`SendEnd::post_from`): one kernel copy each way, as any socket.
 //! Anything else is copied, and counted ([`Proxy::copied_bytes`]).
 //!
+//! **GPUDirect RDMA**: where the transport registers dma-bufs and the GPU
+//! exports them, a hop's FIFOs live in device memory apart from its
+//! counters (`Staging`); the NIC reads and writes them in the GPU, and
+//! the proxy, which never touches a FIFO byte there, only moves the
+//! counters and call words in the pinned region.
+//!
 //! The proxy knows each slice's length from the call itself, as NCCL's
 //! proxy knows its steps: the call words the loop wrote (or the call
 //! header that arrived) name the call, and [`SendSizes`] walks the core's
@@ -144,6 +150,9 @@ enum RegionMem {
     /// Pinned host memory mapped into a GPU.
     #[allow(dead_code)]
     Pinned(super::gpu::HostMapped),
+    /// Device memory exported as a dma-buf (GPUDirect RDMA): only a NIC
+    /// and the loop touch it, never the CPU.
+    Device(super::gpu::DmaBufMem),
 }
 
 impl std::fmt::Debug for Region {
@@ -188,9 +197,27 @@ impl Region {
         })
     }
 
+    /// `len` zeroed bytes of `ctx`'s device memory, exported as a dma-buf
+    /// for a NIC to register (GPUDirect RDMA): the FIFOs of a hop between
+    /// nodes, apart from its words ([`Staging`]).
+    pub(crate) fn device(ctx: &Arc<cudarc::driver::CudaContext>, len: u64) -> Result<Region> {
+        let m = super::gpu::DmaBufMem::zeroed(ctx, len)?;
+        Ok(Region {
+            host: 0,
+            addr: m.addr(),
+            len: m.len(),
+            _mem: RegionMem::Device(m),
+        })
+    }
+
     /// Where the loop reaches it.
     pub fn addr(&self) -> u64 {
         self.addr
+    }
+
+    /// Whether it is device memory (the CPU never touches it).
+    pub(crate) fn on_device(&self) -> bool {
+        matches!(self._mem, RegionMem::Device(_))
     }
 
     /// Channel `c`'s FIFO of `layout`, to lend a transport's end: its
@@ -198,8 +225,17 @@ impl Region {
     pub(crate) fn fifo(&self, layout: &RegionLayout, c: u8) -> Result<FifoMemory> {
         let (at, len) = (layout.fifo_offset(c), layout.fifo_bytes());
         let fits = c < layout.channels() && at.checked_add(len).is_some_and(|e| e <= self.len);
+        if let (RegionMem::Device(m), true, Ok(len)) = (&self._mem, fits, usize::try_from(len)) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: in bounds of the exported device memory, which stays
+            // allocated (and its dma-buf open) until the region drops,
+            // after every end it was lent (as for host memory below); the
+            // loop touches the slots only as the FIFO's protocol lets the
+            // end's owner.
+            return Ok(unsafe { FifoMemory::dma_buf(m.fd().as_raw_fd(), at, self.addr + at, len) });
+        }
         let ptr = std::ptr::NonNull::new((self.host as u64).wrapping_add(at) as usize as *mut u8);
-        match (fits, ptr, usize::try_from(len)) {
+        match (fits && !self.on_device(), ptr, usize::try_from(len)) {
             // SAFETY: in bounds of this region, whose memory stays in
             // place until it drops (a box or a pinned allocation; moving
             // the `Region` moves neither). Its owners drop every end and
@@ -215,11 +251,60 @@ impl Region {
         }
     }
 
-    fn view(&self) -> View {
-        View {
+    /// The CPU's view (`None` for device memory).
+    fn view(&self) -> Option<View> {
+        (!self.on_device()).then_some(View {
             host: self.host,
             len: self.len,
-        }
+        })
+    }
+}
+
+/// Where a hop between nodes is staged, laid out as [`RegionLayout`]: the
+/// loop's words (`tail`, call words, `head`) in host memory the proxy
+/// reads and writes, and the FIFOs — in the same region, or apart in
+/// memory of their own (device memory a NIC registers: GPUDirect RDMA,
+/// the NIC reading and writing the loop's FIFOs in the GPU).
+#[derive(Debug)]
+pub(crate) struct Staging {
+    words: Region,
+    fifos: Option<Region>,
+}
+
+impl Staging {
+    /// Words and FIFOs in `words`, or the FIFOs apart in `fifos`.
+    pub(crate) fn new(words: Region, fifos: Option<Region>) -> Staging {
+        Staging { words, fifos }
+    }
+
+    /// The memory holding the FIFOs.
+    fn fifo_region(&self) -> &Region {
+        self.fifos.as_ref().unwrap_or(&self.words)
+    }
+
+    /// Where the loop reaches the words and the FIFOs.
+    pub(crate) fn addrs(&self) -> (u64, u64) {
+        (self.words.addr(), self.fifo_region().addr())
+    }
+
+    /// Channel `c`'s FIFO, to lend a transport's end ([`Region::fifo`]).
+    pub(crate) fn fifo(&self, layout: &RegionLayout, c: u8) -> Result<FifoMemory> {
+        self.fifo_region().fifo(layout, c)
+    }
+
+    /// Whether the FIFOs are in device memory.
+    pub(crate) fn fifos_on_device(&self) -> bool {
+        self.fifo_region().on_device()
+    }
+
+    /// Whether the FIFOs are apart from the words.
+    pub(crate) fn fifos_apart(&self) -> bool {
+        self.fifos.is_some()
+    }
+
+    /// Whether both hold `layout`.
+    fn holds(&self, layout: &RegionLayout) -> bool {
+        self.words.len >= layout.total() && self.fifo_region().len >= layout.total()
     }
 }
 
@@ -337,13 +422,25 @@ struct Work {
     prev: Rank,
     shape: PlanShape,
     layout: RegionLayout,
+    /// The staging words of each side.
     out: Option<View>,
     inc: Option<View>,
+    /// The CPU's view of each side's FIFOs (`None` on the device: then
+    /// every end of the side took them, and the proxy never touches a
+    /// byte of them).
+    out_fifo: Option<View>,
+    inc_fifo: Option<View>,
     outgoing: Vec<Outgoing>,
     incoming: Vec<Incoming>,
     /// Bytes copied between the regions and a transport's own memory.
     copied: Arc<AtomicU64>,
 }
+
+/// Bytes of FIFOs in device memory wanted by the CPU: what
+/// [`Proxy::start`] rules out (every end of such a side took its FIFO).
+const DEVICE_FIFO: Error = Error::BadConfig {
+    what: "a FIFO in device memory reached by the CPU",
+};
 
 /// Where a stream end (TCP) reads an incoming payload: straight into the
 /// region's slot of its step, marked in `landed`, instead of a slot of
@@ -387,8 +484,8 @@ pub struct Proxy {
     copied: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
     // After the thread (joined in `Drop`): the memory it works on.
-    out: Option<Region>,
-    inc: Option<Region>,
+    out: Option<Staging>,
+    inc: Option<Staging>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -427,22 +524,33 @@ impl Proxy {
         prev: Rank,
         shape: PlanShape,
         layout: RegionLayout,
-        (out, send, send_lent): (Option<Region>, Vec<Box<dyn SendEnd>>, Vec<bool>),
-        (inc, recv, recv_lent): (Option<Region>, Vec<Box<dyn RecvEnd>>, Vec<bool>),
+        (out, send, send_lent): (Option<Staging>, Vec<Box<dyn SendEnd>>, Vec<bool>),
+        (inc, recv, recv_lent): (Option<Staging>, Vec<Box<dyn RecvEnd>>, Vec<bool>),
         bell: Arc<dyn Bell>,
         abort_also: Option<usize>,
     ) -> Result<Proxy> {
         let sides = [
-            (&out, send.len(), send_lent.len()),
-            (&inc, recv.len(), recv_lent.len()),
+            (&out, send.len(), &send_lent),
+            (&inc, recv.len(), &recv_lent),
         ];
-        for (region, ends, lent) in sides {
-            let fits = region.as_ref().is_some_and(|r| r.len >= layout.total());
-            if ends != lent || ends != 0 && (!fits || ends != usize::from(layout.channels())) {
+        for (staging, ends, lent) in sides {
+            let fits = staging.as_ref().is_some_and(|s| s.holds(&layout));
+            let shaped =
+                ends == lent.len() && (ends == 0 || fits && ends == usize::from(layout.channels()));
+            // The CPU cannot copy into or out of device FIFOs: every end
+            // must have taken them.
+            let reachable = staging
+                .as_ref()
+                .is_none_or(|s| !s.fifos_on_device() || lent.iter().all(|&l| l));
+            if !shaped || !reachable {
                 // The ends go before the regions they may have been lent.
                 drop((send, recv));
                 return Err(Error::BadConfig {
-                    what: "a proxied hop needs a staging region and an end per channel",
+                    what: if shaped {
+                        "FIFOs in device memory need ends that took them (GPUDirect RDMA)"
+                    } else {
+                        "a proxied hop needs a staging region and an end per channel"
+                    },
                 });
             }
         }
@@ -452,8 +560,10 @@ impl Proxy {
             prev,
             shape,
             layout,
-            out: out.as_ref().map(Region::view),
-            inc: inc.as_ref().map(Region::view),
+            out: out.as_ref().and_then(|s| s.words.view()),
+            inc: inc.as_ref().and_then(|s| s.words.view()),
+            out_fifo: out.as_ref().and_then(|s| s.fifo_region().view()),
+            inc_fifo: inc.as_ref().and_then(|s| s.fifo_region().view()),
             outgoing: send
                 .into_iter()
                 .zip(send_lent)
@@ -657,8 +767,6 @@ impl Work {
                 }
             };
             let seq = o.call.as_ref().map_or(0, |(d, _)| d.seq);
-            let at = layout.fifo_offset(o.c) + slot_of(o.shipped).0 as u64 * slot_bytes;
-            let data = region.bytes(at, next)?;
             let span = SlotSpan {
                 step: o.shipped,
                 slots: sps,
@@ -669,6 +777,9 @@ impl Work {
                     .post(seq, span, header.as_ref(), next)
                     .map_err(Error::comm("SendEnd::post"))?;
             } else {
+                let at = layout.fifo_offset(o.c) + slot_of(o.shipped).0 as u64 * slot_bytes;
+                let fifo = self.out_fifo.ok_or(DEVICE_FIFO)?;
+                let data = fifo.bytes(at, next)?;
                 if !o.end.prefers_post_from() {
                     // It copies `data` into staging of its own.
                     self.copied.fetch_add(next as u64, Ordering::Relaxed);
@@ -691,19 +802,19 @@ impl Work {
         };
         let layout = self.layout;
         let mut busy = false;
-        let mut landing = RegionLanding {
+        let fifos = self.inc_fifo;
+        let mut landing = fifos.map(|region| RegionLanding {
             region,
             fifo: layout.fifo_offset(i.c),
             fifo_bytes: layout.fifo_bytes(),
             slot_bytes: self.shape.geometry.slot_bytes(),
             landed: &mut i.landed,
-        };
+        });
         let lands = !i.lent && i.end.lands();
         loop {
-            let ev = if lands {
-                i.end.poll_landing(&mut landing)
-            } else {
-                i.end.poll()
+            let ev = match landing.as_mut() {
+                Some(landing) if lands => i.end.poll_landing(landing),
+                _ => i.end.poll(),
             };
             let Some(ev) = ev.map_err(Error::comm("RecvEnd::poll"))? else {
                 break;
@@ -750,20 +861,23 @@ impl Work {
                 let step = i.copied + s;
                 let slot = slot_of(step);
                 let landed = i.landed[slot.0 as usize] == step + 1;
-                if len > 0 && !landed {
+                // An end that took device FIFOs landed there: nothing
+                // for the CPU to look at.
+                if len > 0 && !landed && (!i.lent || fifos.is_some()) {
+                    let fifo = fifos.ok_or(DEVICE_FIFO)?;
                     let from = i
                         .end
                         .slot(slot, len)
                         .map_err(Error::comm("RecvEnd::slot"))?;
                     let at = layout.fifo_offset(i.c) + slot.0 as u64 * slot_bytes;
-                    let in_place = from.as_ptr() as usize == region.host + at as usize;
+                    let in_place = from.as_ptr() as usize == fifo.host + at as usize;
                     if i.lent && !in_place {
                         return Err(Error::BadConfig {
                             what: "an end lent the staging FIFO lands elsewhere",
                         });
                     }
                     if !in_place {
-                        region.write(at, from)?;
+                        fifo.write(at, from)?;
                         self.copied.fetch_add(len as u64, Ordering::Relaxed);
                     }
                 }
@@ -881,7 +995,7 @@ mod tests {
     #[test]
     fn regions_refuse_words_and_slices_outside_them() {
         let r = Region::host(256).unwrap();
-        let v = r.view();
+        let v = r.view().unwrap();
         assert!(v.word(248).is_ok());
         assert!(v.word(252).is_err());
         assert!(v.word(256).is_err());

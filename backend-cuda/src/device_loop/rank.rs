@@ -97,6 +97,22 @@ impl std::fmt::Debug for GpuRank {
     }
 }
 
+/// Whether a hop between nodes over `t` keeps its FIFOs in `ctx`'s device
+/// memory for the NIC to read and write (GPUDirect RDMA, as NCCL decides
+/// it: the transport registers dma-bufs and the GPU exports them; off
+/// with `RINGCC_DMABUF_ENABLE=0`, NCCL's `NCCL_DMABUF_ENABLE`); else why
+/// not, for the banner.
+fn gpudirect(
+    ctx: &Arc<CudaContext>,
+    t: &dyn ringcc_comm::transport::Transport,
+) -> std::result::Result<(), String> {
+    if std::env::var("RINGCC_DMABUF_ENABLE").is_ok_and(|v| v.trim() == "0") {
+        return Err("RINGCC_DMABUF_ENABLE=0".into());
+    }
+    t.device_memory()?;
+    super::gpu::DmaBufMem::supported(ctx)
+}
+
 /// The launcher's local rank (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
 /// `SLURM_LOCALID`, `MPI_LOCALRANKID`), else `rank`.
 fn local_rank(rank: Rank) -> usize {
@@ -129,11 +145,15 @@ impl GpuRank {
 
     /// [`init`](GpuRank::init) for a job on several nodes (every rank
     /// calls it with `net`): the neighbours on this rank's node over CUDA
-    /// IPC as there, a neighbour on another node through staging regions
-    /// of pinned host memory that the loop reads and writes over PCIe and
-    /// this rank's [`Proxy`] serves over `net`'s transports (TCP, RDMA).
-    /// GPUDirect RDMA (the NIC reading device memory) is not used: the
-    /// banner says "staged". A node's ranks must be consecutive.
+    /// IPC as there, a neighbour on another node through staging that
+    /// this rank's [`Proxy`] serves over `net`'s transports (TCP, RDMA):
+    /// the hop's counters in pinned host memory, and its FIFOs — with
+    /// GPUDirect RDMA, in device memory exported as a dma-buf that the
+    /// NIC registers, reads and writes (where the transport takes device
+    /// memory and the GPU exports dma-bufs, unless
+    /// `RINGCC_DMABUF_ENABLE=0`); else in the pinned host memory too,
+    /// which the loop reads and writes over PCIe. The banner says which,
+    /// and why not. A node's ranks must be consecutive.
     pub fn init_on_nodes(
         ordinal: usize,
         rank: Rank,
@@ -189,7 +209,12 @@ impl GpuRank {
                 layout,
                 (config.geometry, "pinned host memory"),
                 deadline,
-                &|| Region::pinned(&ctx, layout.total()),
+                (&|| Region::pinned(&ctx, layout.total()), &|t| {
+                    Ok(match gpudirect(&ctx, t) {
+                        Ok(()) => Ok(Region::device(&ctx, layout.total())?),
+                        Err(why) => Err(why),
+                    })
+                }),
             )?),
             None => None,
         };
@@ -216,6 +241,7 @@ impl GpuRank {
             (LINE_WORDS + u64::from(config.channels) * STATUS_WORDS) as usize,
         )?;
         let between_nodes = links.as_ref().and_then(NetLinks::transport);
+        let gpudirect = links.as_ref().is_some_and(NetLinks::gpudirect);
         let proxy = match links {
             Some(l) => l.start(rank, Some(host.host_addr()))?,
             None => None,
@@ -226,8 +252,14 @@ impl GpuRank {
                 world,
                 ordinal,
                 channels = config.channels,
+                gpudirect,
                 "ringcc-cuda: GPU rank on the device loop, CUDA IPC inside the node, \
-                 {t} between nodes staged through pinned host memory (no GPUDirect RDMA)"
+                 {t} between nodes {}",
+                if gpudirect {
+                    "with GPUDirect RDMA (FIFOs in device memory, registered with the NIC)"
+                } else {
+                    "staged through pinned host memory (no GPUDirect RDMA)"
+                }
             ),
             None => tracing::info!(
                 rank = rank.0,

@@ -869,3 +869,31 @@ fn a_poll_after_a_short_read_skips_one_read_only() {
     assert_eq!(end.poll().unwrap(), None);
     assert_eq!(end.reads, before + 2, "a poll after an empty read skipped");
 }
+
+/// TCP moves bytes with the CPU: it does not take device memory, and a
+/// dma-buf lent to it anyway is refused with a typed error, on both
+/// ends, before anything is made.
+#[test]
+fn device_memory_is_refused_not_copied_from() {
+    let mut t = TcpTransport::new(LOCALHOST, Duration::from_secs(2), Duration::from_secs(2));
+    t.publish(TOKEN, Rank(1)).unwrap();
+    assert!(t.device_memory().is_err_and(|why| why.contains("CPU")));
+    let len = geometry().fifo_bytes() as usize;
+    // SAFETY: refused before any use (the descriptor is never touched).
+    let fifo = unsafe { ringcc_comm::transport::FifoMemory::dma_buf(-1, 0, 0x7000_0000, len) };
+    assert_eq!(fifo.device(), Some((-1, 0)));
+    match t.listen_in(&job(), hop(), fifo) {
+        Err(Error::BadConfig(m)) => assert!(m.contains("device memory"), "{m}"),
+        other => panic!("expected BadConfig, got {other:?}"),
+    }
+    let out = Hop {
+        channel: ChannelId(0),
+        sender: Rank(1),
+        receiver: Rank(0),
+    };
+    match t.connect_from(&job(), out, fifo) {
+        Err(Error::BadConfig(m)) => assert!(m.contains("tcp"), "{m}"),
+        Err(e) => panic!("expected BadConfig, got {e:?}"),
+        Ok(_) => panic!("a sending end over device memory"),
+    }
+}

@@ -1,7 +1,8 @@
 //! Registered memory: the buffers this crate owns (FIFO slots, mailboxes,
 //! credit counters, staging), and FIFO memory a caller lends an end
 //! ([`FifoMemory`]: a device loop's staging regions, which the NIC then
-//! reads and writes in place). A communicator's call buffers are never
+//! reads and writes in place; device memory too, lent as a dma-buf:
+//! GPUDirect RDMA). A communicator's call buffers are never
 //! registered: the executor reads the incoming slot in place and writes
 //! the outgoing one into staging.
 //!
@@ -51,13 +52,28 @@ enum Mem {
     Owned(Alloc),
     /// Lent by the caller, who keeps it alive (see [`HostBuf::lent`]).
     Lent(NonNull<u8>),
+    /// Device memory lent as a dma-buf, at this device address (the
+    /// registration's I/O virtual address): the NIC reads and writes it,
+    /// the CPU never does.
+    Device(u64),
 }
 
 impl Mem {
-    fn ptr(&self) -> *mut u8 {
+    /// The first byte's address as work requests name it.
+    fn addr(&self) -> u64 {
         match self {
-            Mem::Owned(a) => a.ptr.as_ptr(),
-            Mem::Lent(p) => p.as_ptr(),
+            Mem::Owned(a) => a.ptr.as_ptr() as u64,
+            Mem::Lent(p) => p.as_ptr() as u64,
+            Mem::Device(iova) => *iova,
+        }
+    }
+
+    /// The first byte for the CPU (`None`: device memory).
+    fn ptr(&self) -> Option<*mut u8> {
+        match self {
+            Mem::Owned(a) => Some(a.ptr.as_ptr()),
+            Mem::Lent(p) => Some(p.as_ptr()),
+            Mem::Device(_) => None,
         }
     }
 }
@@ -101,26 +117,51 @@ impl HostBuf {
         })
     }
 
-    /// The lent memory `mem`, registered with `access` on `pd`.
+    /// The lent memory `mem`, registered with `access` on `pd`: host
+    /// memory with `ibv_reg_mr`, device memory lent as a dma-buf with
+    /// `ibv_reg_dmabuf_mr` (GPUDirect RDMA), its device address as the
+    /// registration's I/O virtual address, so that work requests name it
+    /// as the loop does.
     ///
     /// # Safety
-    /// `mem`'s contract ([`FifoMemory::new`]): it stays valid and in place
-    /// until this buffer (and whatever queue pair may reach it) is
-    /// dropped.
+    /// `mem`'s contract ([`FifoMemory::new`], [`FifoMemory::dma_buf`]):
+    /// it stays valid and in place until this buffer (and whatever queue
+    /// pair may reach it) is dropped.
     pub unsafe fn lent(
         pd: &Arc<ProtectionDomain>,
         mem: FifoMemory,
         access: AccessFlags,
         device: &str,
     ) -> Result<HostBuf> {
-        let ptr = NonNull::new(mem.as_ptr())
-            .filter(|_| !mem.is_empty())
-            .ok_or_else(|| Error::Verbs {
-                call: "ibv_reg_mr",
-                device: device.to_owned(),
-                source: "lent memory that is empty or at address 0".into(),
-            })?;
+        let refuse = |call, why: &str| Error::Verbs {
+            call,
+            device: device.to_owned(),
+            source: why.to_owned().into(),
+        };
         let len = mem.len();
+        if let Some((fd, offset)) = mem.device() {
+            let iova = mem.addr() as u64;
+            if len == 0 || iova == 0 || fd < 0 {
+                return Err(refuse(
+                    "ibv_reg_dmabuf_mr",
+                    "lent device memory that is empty, at address 0 or without a dma-buf",
+                ));
+            }
+            // SAFETY: `fd` is a dma-buf of `len` bytes of device memory
+            // from `offset` on, which the caller keeps allocated until
+            // this buffer drops; the registration drops first (field
+            // order). The CPU never touches it (`Mem::Device`).
+            let mr = unsafe { pd.reg_dmabuf_mr(offset, len, iova, fd, access) }
+                .map_err(Error::verbs("ibv_reg_dmabuf_mr", device))?;
+            return Ok(HostBuf {
+                mr,
+                mem: Mem::Device(iova),
+                len,
+            });
+        }
+        let ptr = NonNull::new(mem.as_ptr())
+            .filter(|_| len != 0)
+            .ok_or_else(|| refuse("ibv_reg_mr", "lent memory that is empty or at address 0"))?;
         // SAFETY: the caller keeps `mem` valid for `len` bytes until this
         // buffer drops, and the registration drops first (field order).
         let mr = unsafe { pd.reg_mr(ptr.as_ptr() as usize, len, access) }
@@ -132,8 +173,10 @@ impl HostBuf {
         })
     }
 
+    /// The first byte's address as work requests name it (a device
+    /// address for device memory).
     pub fn addr(&self) -> u64 {
-        self.mem.ptr() as u64
+        self.mem.addr()
     }
 
     pub fn lkey(&self) -> u32 {
@@ -148,16 +191,19 @@ impl HostBuf {
         self.len
     }
 
+    /// The CPU's pointer to `len` bytes at `offset`: `None` out of
+    /// bounds, and always for device memory.
     fn range(&self, offset: u64, len: usize) -> Option<*mut u8> {
         let off = usize::try_from(offset).ok()?;
         if off.checked_add(len)? > self.len {
             return None;
         }
+        let base = self.mem.ptr()?;
         // SAFETY: `off + len <= self.len`, inside the allocation.
-        Some(unsafe { self.mem.ptr().add(off) })
+        Some(unsafe { base.add(off) })
     }
 
-    /// `len` bytes at `offset` (`None` out of bounds).
+    /// `len` bytes at `offset` (`None` out of bounds, or device memory).
     ///
     /// # Safety
     /// No remote writer may target the range while the slice lives: for a
@@ -170,7 +216,8 @@ impl HostBuf {
         Some(unsafe { std::slice::from_raw_parts(p, len) })
     }
 
-    /// `len` writable bytes at `offset` (`None` out of bounds).
+    /// `len` writable bytes at `offset` (`None` out of bounds, or device
+    /// memory).
     ///
     /// # Safety
     /// No remote writer may target the range, and the NIC must not be

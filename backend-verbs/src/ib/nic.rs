@@ -26,6 +26,9 @@ pub(crate) struct Nic {
     pub active_mtu: u32,
     pub ctx: Arc<DeviceContext>,
     pub pd: Arc<ProtectionDomain>,
+    /// Whether the device registers dma-buf memory (GPUDirect RDMA of
+    /// device memory), and if not, why (see [`dma_buf_support`]).
+    pub dma_buf: std::result::Result<(), String>,
 }
 
 /// The names of the RDMA devices present, sorted.
@@ -87,7 +90,10 @@ impl Nic {
             mtu = 128u32 << attr.active_mtu,
             "verbs: device open"
         );
+        let dma_buf = dma_buf_support(&pd);
+        debug!(device = name, dma_buf = ?dma_buf, "verbs: dma-buf registration");
         Ok(Nic {
+            dma_buf,
             name: name.to_owned(),
             port,
             gid,
@@ -97,6 +103,36 @@ impl Nic {
             ctx,
             pd,
         })
+    }
+}
+
+/// Whether `pd`'s device registers dma-buf memory (`ibv_reg_dmabuf_mr`),
+/// asked as NCCL asks it: a registration of nothing from descriptor -1
+/// fails either way, with `EOPNOTSUPP` or `EPROTONOSUPPORT` where the
+/// library, the provider or the kernel lacks dma-buf support (Soft-RoCE
+/// among them), and with another error (a bad descriptor) where it has
+/// it.
+pub(crate) fn dma_buf_support(pd: &Arc<ProtectionDomain>) -> std::result::Result<(), String> {
+    use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind as Kind;
+    // SAFETY: a registration of zero bytes from no descriptor: the
+    // library or the kernel refuses it before any memory is touched
+    // (NCCL's `ncclIbDmaBufSupport` asks the same way).
+    let probe = unsafe { pd.reg_dmabuf_mr(0, 0, 0, -1, sideway::ibverbs::AccessFlags::LocalWrite) };
+    let errno = match probe {
+        // Nothing registered can come of it; were it to, it is dropped.
+        Ok(_) => return Ok(()),
+        Err(e) => match e.0 {
+            Kind::Ibverbs(io) => io.raw_os_error(),
+            _ => None,
+        },
+    };
+    match errno {
+        // ENOSYS: a libibverbs without the call.
+        Some(code @ (libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS)) => Err(format!(
+            "the device cannot register dma-buf memory (ibv_reg_dmabuf_mr: {})",
+            std::io::Error::from_raw_os_error(code)
+        )),
+        _ => Ok(()),
     }
 }
 
