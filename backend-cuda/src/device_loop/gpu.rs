@@ -176,18 +176,58 @@ pub(crate) struct DmaBufMem {
     fd: std::os::fd::OwnedFd,
     addr: u64,
     len: u64,
+    ctx: Arc<CudaContext>,
     _alloc: DeviceAlloc,
 }
 
 impl DmaBufMem {
     /// Whether `ctx`'s device exports dma-bufs (CUDA 11.7+ on a driver
-    /// and GPU that can): `Err` says why not.
+    /// and GPU that can) and flushes a NIC's writes from the host
+    /// ([`flush_writes`]): `Err` says why not.
+    ///
+    /// [`flush_writes`]: DmaBufMem::flush_writes
     pub(crate) fn supported(ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
-        match ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) {
-            Ok(1) => Ok(()),
-            Ok(_) => Err("the GPU or its driver exports no dma-buf".into()),
-            Err(e) => Err(format!("cuDeviceGetAttribute(DMA_BUF_SUPPORTED): {e}")),
+        use sys::CUdevice_attribute::{
+            CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED as DMA_BUF,
+            CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS as FLUSH,
+        };
+        let host =
+            sys::CUflushGPUDirectRDMAWritesOptions::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
+        match ctx.attribute(DMA_BUF) {
+            Ok(1) => {}
+            Ok(_) => return Err("the GPU or its driver exports no dma-buf".into()),
+            Err(e) => return Err(format!("cuDeviceGetAttribute(DMA_BUF_SUPPORTED): {e}")),
         }
+        match ctx.attribute(FLUSH) {
+            Ok(o) if o & host as i32 != 0 => Ok(()),
+            Ok(_) => Err("the GPU cannot flush GPUDirect RDMA writes from the host".into()),
+            Err(e) => Err(format!(
+                "cuDeviceGetAttribute(GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS): {e}"
+            )),
+        }
+    }
+
+    /// Makes every write a NIC has completed into this GPU's memory
+    /// visible to its kernels (`cuFlushGPUDirectRDMAWrites`, to the
+    /// owner): what the proxy does before it raises a `tail` over slices
+    /// the NIC landed in device memory, as NCCL flushes a GPUDirect
+    /// receive before the GPU may read it — the completion and the `tail`
+    /// travel another path than the data, which PCIe does not order.
+    pub(crate) fn flush_writes(ctx: &CudaContext) -> Result<()> {
+        use sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER as OWNER;
+        use sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX as CTX;
+        ctx.bind_to_thread()
+            .map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: a context is current on this thread; the call takes no
+        // pointers.
+        unsafe { sys::cuFlushGPUDirectRDMAWrites(CTX, OWNER) }
+            .result()
+            .map_err(Error::driver("cuFlushGPUDirectRDMAWrites"))
+    }
+
+    /// The context the memory belongs to.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     /// `len` zeroed bytes of `ctx`'s device memory, exported.
@@ -226,6 +266,7 @@ impl DmaBufMem {
             fd,
             addr,
             len: rounded,
+            ctx: Arc::clone(ctx),
             _alloc: alloc,
         })
     }

@@ -260,6 +260,9 @@ impl Region {
     }
 }
 
+/// Makes a NIC's writes into device memory visible to the loop.
+type Flush = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
 /// Where a hop between nodes is staged, laid out as [`RegionLayout`]: the
 /// loop's words (`tail`, call words, `head`) in host memory the proxy
 /// reads and writes, and the FIFOs — in the same region, or apart in
@@ -295,6 +298,20 @@ impl Staging {
     /// Whether the FIFOs are in device memory.
     pub(crate) fn fifos_on_device(&self) -> bool {
         self.fifo_region().on_device()
+    }
+
+    /// For FIFOs in device memory, what makes a NIC's writes into them
+    /// visible to the loop ([`DmaBufMem::flush_writes`]).
+    ///
+    /// [`DmaBufMem::flush_writes`]: super::gpu::DmaBufMem::flush_writes
+    fn flusher(&self) -> Option<Flush> {
+        match &self.fifo_region()._mem {
+            RegionMem::Device(m) => {
+                let ctx = Arc::clone(m.context());
+                Some(Arc::new(move || super::gpu::DmaBufMem::flush_writes(&ctx)))
+            }
+            _ => None,
+        }
     }
 
     /// Whether the FIFOs are apart from the words.
@@ -430,6 +447,8 @@ struct Work {
     /// byte of them).
     out_fifo: Option<View>,
     inc_fifo: Option<View>,
+    /// Incoming FIFOs in device memory: flushed before each `tail`.
+    inc_flush: Option<Flush>,
     outgoing: Vec<Outgoing>,
     incoming: Vec<Incoming>,
     /// Bytes copied between the regions and a transport's own memory.
@@ -564,6 +583,7 @@ impl Proxy {
             inc: inc.as_ref().and_then(|s| s.words.view()),
             out_fifo: out.as_ref().and_then(|s| s.fifo_region().view()),
             inc_fifo: inc.as_ref().and_then(|s| s.fifo_region().view()),
+            inc_flush: inc.as_ref().and_then(Staging::flusher),
             outgoing: send
                 .into_iter()
                 .zip(send_lent)
@@ -886,6 +906,11 @@ impl Work {
             i.copied += sps;
         }
         if i.copied != start {
+            if let Some(flush) = &self.inc_flush {
+                // The NIC's writes of these slices, visible before their
+                // tail is.
+                flush()?;
+            }
             region
                 .word(layout.tail_offset(i.c))?
                 .store(i.copied, Ordering::Release);
