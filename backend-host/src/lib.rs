@@ -25,7 +25,6 @@
 mod bell;
 mod error;
 mod layout;
-mod map;
 mod name;
 mod segment;
 pub mod shm;

@@ -27,8 +27,8 @@ use rustix::shm::{self, OFlags};
 
 use crate::error::{Error, Result};
 use crate::layout::{field, Layout, LAYOUT_VERSION, MAGIC};
-use crate::map::Mapping;
 use crate::name::{token_hash, SegmentName};
+use ringcc_comm::map::Mapping;
 
 // The counters and the magic word are viewed in place as atomics.
 const _: () = assert!(size_of::<StepCounter>() == 8 && align_of::<StepCounter>() <= Layout::LINE);
@@ -90,7 +90,7 @@ impl Segment {
         rustix::fs::ftruncate(&fd, layout.total()).map_err(Error::shm("ftruncate", n))?;
         let len = usize::try_from(layout.total())
             .map_err(|_| Error::Internal(format!("segment {n}: size beyond usize")))?;
-        let map = Mapping::new(&fd, len, n)?;
+        let map = Mapping::new(&fd, len).map_err(Error::shm("mmap", n))?;
         let seg = Segment {
             name: name.clone(),
             map,
@@ -167,7 +167,7 @@ impl Segment {
             .ok()
             .filter(|&l| l >= Layout::SLOTS)
             .ok_or_else(|| bad(format!("{size} bytes, less than a header")))?;
-        let map = Mapping::new(&fd, len, n)?;
+        let map = Mapping::new(&fd, len).map_err(Error::shm("mmap", n))?;
         let seg = Segment {
             name: name.clone(),
             map,

@@ -52,6 +52,7 @@ mod error;
 mod exec;
 mod land;
 pub mod launch;
+pub mod map;
 pub mod net;
 mod options;
 pub mod peer;

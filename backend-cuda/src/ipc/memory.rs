@@ -9,13 +9,11 @@
 //! Both mappings are `MAP_SHARED`, so stores through one are loads through
 //! the other — what peer access gives two GPUs.
 
-use std::ffi::c_void;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsRawFd, OwnedFd};
 
+pub(crate) use ringcc_comm::map::Mapping;
 use ringcc_comm::Error as CommError;
 use rustix::fs::{MemfdFlags, Mode, OFlags};
-use rustix::mm::{MapFlags, ProtFlags};
 use serde::{Deserialize, Serialize};
 
 type Result<T> = std::result::Result<T, CommError>;
@@ -44,65 +42,6 @@ fn io(call: &'static str) -> impl FnOnce(rustix::io::Errno) -> CommError {
     }
 }
 
-/// `len` bytes of a shared mapping, unmapped on drop (the raw layer).
-#[derive(Debug)]
-pub(crate) struct Mapping {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: a mapping belongs to the process, not to the thread that made
-// it; moving its owner to another thread moves nothing in memory. Not
-// `Sync`: each end is used by one thread at a time.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    fn new(fd: impl AsFd, len: usize) -> Result<Mapping> {
-        if len == 0 {
-            return Err(CommError::Internal("cuda-ipc: mapping 0 bytes".into()));
-        }
-        // SAFETY: a null hint lets the kernel choose a fresh range, so no
-        // Rust object is overlapped; the result is checked, and the range
-        // is unmapped only by `Drop`, with the same length.
-        let p = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                fd,
-                0,
-            )
-        }
-        .map_err(io("mmap"))?;
-        let base = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| CommError::Internal("cuda-ipc: mmap returned null".into()))?;
-        Ok(Mapping { base, len })
-    }
-
-    /// The first byte (page aligned).
-    pub(crate) fn base(&self) -> NonNull<u8> {
-        self.base
-    }
-
-    /// Bytes mapped.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `base..base+len` is exactly the range `mmap` returned;
-        // every reference into it borrows the mapping's owner, so none
-        // outlives it.
-        let r = unsafe { rustix::mm::munmap(self.base.as_ptr().cast::<c_void>(), self.len) };
-        if let Err(e) = r {
-            tracing::warn!("cuda-ipc: munmap failed: {e}");
-        }
-    }
-}
-
 /// An allocation this process owns and exports (the receiver's FIFO).
 #[derive(Debug)]
 pub struct ExportedMemory {
@@ -119,7 +58,7 @@ impl ExportedMemory {
             .map_err(|_| CommError::BadConfig(format!("cuda-ipc: {bytes} B beyond memory")))?;
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC).map_err(io("memfd_create"))?;
         rustix::fs::ftruncate(&fd, bytes).map_err(io("ftruncate"))?;
-        let map = Mapping::new(&fd, len)?;
+        let map = Mapping::new(&fd, len).map_err(io("mmap"))?;
         Ok(ExportedMemory { map, fd })
     }
 
@@ -167,7 +106,7 @@ impl ImportedMemory {
                     CommError::BadConfig(format!("cuda-ipc: {bytes} B beyond memory"))
                 })?;
                 Ok(ImportedMemory {
-                    map: Mapping::new(&file, len)?,
+                    map: Mapping::new(&file, len).map_err(io("mmap"))?,
                 })
             }
         }
