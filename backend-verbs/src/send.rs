@@ -68,7 +68,11 @@ pub(crate) unsafe fn fifo_buf(
         // SAFETY: the caller's contract.
         Some(mem) if mem.holds(g) => unsafe { HostBuf::lent(&nic.pd, mem, access, &nic.name) },
         Some(mem) => Err(Error::Verbs {
-            call: "ibv_reg_mr",
+            call: if mem.device().is_some() {
+                "ibv_reg_dmabuf_mr"
+            } else {
+                "ibv_reg_mr"
+            },
             device: nic.name.clone(),
             source: format!(
                 "{} B of lent memory for a {} B FIFO",

@@ -141,7 +141,7 @@ pub struct Region {
     host: usize,
     addr: u64,
     len: u64,
-    _mem: RegionMem,
+    mem: RegionMem,
 }
 
 enum RegionMem {
@@ -179,7 +179,7 @@ impl Region {
             host,
             addr: host as u64,
             len,
-            _mem: RegionMem::Host(mem),
+            mem: RegionMem::Host(mem),
         })
     }
 
@@ -193,7 +193,7 @@ impl Region {
             host: m.host_addr(),
             addr: m.dev_word(0),
             len,
-            _mem: RegionMem::Pinned(m),
+            mem: RegionMem::Pinned(m),
         })
     }
 
@@ -206,7 +206,7 @@ impl Region {
             host: 0,
             addr: m.addr(),
             len: m.len(),
-            _mem: RegionMem::Device(m),
+            mem: RegionMem::Device(m),
         })
     }
 
@@ -217,7 +217,7 @@ impl Region {
 
     /// Whether it is device memory (the CPU never touches it).
     pub(crate) fn on_device(&self) -> bool {
-        matches!(self._mem, RegionMem::Device(_))
+        matches!(self.mem, RegionMem::Device(_))
     }
 
     /// Channel `c`'s FIFO of `layout`, to lend a transport's end: its
@@ -225,7 +225,7 @@ impl Region {
     pub(crate) fn fifo(&self, layout: &RegionLayout, c: u8) -> Result<FifoMemory> {
         let (at, len) = (layout.fifo_offset(c), layout.fifo_bytes());
         let fits = c < layout.channels() && at.checked_add(len).is_some_and(|e| e <= self.len);
-        if let (RegionMem::Device(m), true, Ok(len)) = (&self._mem, fits, usize::try_from(len)) {
+        if let (RegionMem::Device(m), true, Ok(len)) = (&self.mem, fits, usize::try_from(len)) {
             use std::os::fd::AsRawFd;
             // SAFETY: in bounds of the exported device memory, which stays
             // allocated (and its dma-buf open) until the region drops,
@@ -305,7 +305,7 @@ impl Staging {
     ///
     /// [`DmaBufMem::flush_writes`]: super::gpu::DmaBufMem::flush_writes
     fn flusher(&self) -> Option<Flush> {
-        match &self.fifo_region()._mem {
+        match &self.fifo_region().mem {
             RegionMem::Device(m) => {
                 let ctx = Arc::clone(m.context());
                 Some(Arc::new(move || super::gpu::DmaBufMem::flush_writes(&ctx)))
