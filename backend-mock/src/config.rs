@@ -151,6 +151,13 @@ pub struct Calibration {
     /// latency, for data and credits alike, under every protocol.
     /// Default 0.
     pub proxy_latency: f64,
+    /// The network latency the network plugin reports to NCCL
+    /// (`ncclNetProperties_t::latency`), seconds. It feeds the tuner
+    /// only, as in NCCL (whose model adds it to every network hop, twice
+    /// under Simple); the simulated hops keep their own figures, since
+    /// a plugin may report a figure that steers NCCL's choice rather
+    /// than one it measured. Default 0 (NCCL's own IB transport).
+    pub reported_net_latency: f64,
 }
 
 impl Default for Calibration {
@@ -173,6 +180,7 @@ impl Default for Calibration {
             launch_latency: 0.0,
             launches_per_thread: 1,
             proxy_latency: 0.0,
+            reported_net_latency: 0.0,
         }
     }
 }
@@ -203,6 +211,24 @@ pub const PRESET_LAUNCH_LATENCY: f64 = 4e-6;
 /// README's "Tuning and the calibrated simulator").
 pub const PRESET_PROXY_LATENCY: f64 = 0.8e-6;
 
+/// What aws-ofi-nccl (the EFA network plugin) reports to NCCL as the
+/// network's latency on p4d, p4de and p5, seconds (`platform-aws.cpp`'s
+/// platform table: 75 µs; printed at init as "NET/OFI Internode latency
+/// set at 75.0 us"). NCCL's tuner adds it to each network hop.
+pub const EFA_REPORTED_LATENCY: f64 = 75e-6;
+
+/// One network step on p5 / p5e under LL and LL128, seconds: the figure
+/// AWS's own tuner model uses for these instances (aws-ofi-nccl
+/// `src/tuner/nccl_ofi_model.cpp`: `net_lat = 20.0` µs per inter-node
+/// step, replacing NCCL's network hop latency).
+pub const EFA_P5_STEP: f64 = 20e-6;
+
+/// What the same model adds to a network step under Simple, seconds
+/// (aws-ofi-nccl `TUNER_NET_COMP_OVERHEAD`, 3 µs: "~2µsec cost in the
+/// device and ~1µsec cost to write that completion up to the host
+/// stack").
+pub const EFA_P5_SIMPLE_EXTRA: f64 = 3e-6;
+
 /// Common nodes, so that a user need not know their figures. A preset
 /// sets a [`ClusterConfig`]'s shape, links and calibration; the CLI's
 /// explicit flags override it.
@@ -217,11 +243,19 @@ pub enum Preset {
     /// AWS p5.48xlarge: 8 H100 on NVLink4, 32 EFA interfaces of 100 Gb/s
     /// (3200 Gb/s per instance), modelled as 8 ports of 400 Gb/s.
     P5Efa,
+    /// AWS p4d.24xlarge / p4de.24xlarge: 8 A100 on NVLink3, 4 EFA
+    /// interfaces of 100 Gb/s (400 Gb/s per instance).
+    P4dEfa,
 }
 
 impl Preset {
     /// Every preset.
-    pub const ALL: [Preset; 3] = [Preset::DgxH100, Preset::DgxA100, Preset::P5Efa];
+    pub const ALL: [Preset; 4] = [
+        Preset::DgxH100,
+        Preset::DgxA100,
+        Preset::P5Efa,
+        Preset::P4dEfa,
+    ];
 
     /// The CLI's name.
     pub const fn name(self) -> &'static str {
@@ -229,6 +263,7 @@ impl Preset {
             Preset::DgxH100 => "dgx-h100",
             Preset::DgxA100 => "dgx-a100",
             Preset::P5Efa => "p5-efa",
+            Preset::P4dEfa => "p4d-efa",
         }
     }
 
@@ -256,9 +291,16 @@ impl Preset {
     ///   reach 24-40 GB/s per channel), Ampere ~20 GB/s (NCCL's
     ///   `perChMaxRingLL128Bws` for Ampere: 20).
     /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19).
-    /// - EFA: AWS's p5 documentation (3200 Gb/s per instance); an SRD
-    ///   message costs more than an InfiniBand write (libfabric + the
-    ///   OFI plugin's proxy), taken as 2 µs more per hop.
+    /// - EFA: AWS's instance documentation (p5: 3200 Gb/s per instance;
+    ///   p4d / p4de: 4 × 100 Gb/s). Its latencies come from AWS's network
+    ///   plugin, aws-ofi-nccl: on p5 a network step (hop plus proxy) takes
+    ///   [`EFA_P5_STEP`] (20 µs) under LL / LL128 and 3 µs more under
+    ///   Simple ([`EFA_P5_SIMPLE_EXTRA`]), the figures of AWS's tuner
+    ///   model for p5; on p4d the plugin's reported latency
+    ///   ([`EFA_REPORTED_LATENCY`], 75 µs) is added to every NIC hop, as
+    ///   NCCL's model adds it (p4d has no AWS tuner model). Both presets
+    ///   report 75 µs to the tuner, as the plugin does to NCCL. A message
+    ///   also holds its port 1 µs (an assumption, not measured).
     /// - Launch and proxy latencies: [`PRESET_LAUNCH_LATENCY`] (nccl-tests
     ///   issues #123 and #333: what one more GPU per launching thread
     ///   adds) and [`PRESET_PROXY_LATENCY`] (nccl-tests issue #150: 8 B on
@@ -273,6 +315,9 @@ impl Preset {
         match self {
             Preset::DgxH100 | Preset::P5Efa => {
                 let efa = self == Preset::P5Efa;
+                // p5: AWS's step figures, net of the proxy latency the
+                // simulator adds to every message between nodes.
+                let step = EFA_P5_STEP - PRESET_PROXY_LATENCY;
                 ClusterConfig {
                     channels: 16,
                     nvlink: LinkModel {
@@ -280,7 +325,11 @@ impl Preset {
                         bandwidth: 450e9,
                     },
                     nic: LinkModel {
-                        latency: if efa { 7e-6 } else { 5e-6 },
+                        latency: if efa {
+                            step + EFA_P5_SIMPLE_EXTRA
+                        } else {
+                            5e-6
+                        },
                         bandwidth: 50e9,
                     },
                     calibration: Calibration {
@@ -289,50 +338,58 @@ impl Preset {
                         channel_bandwidth: 24e9,
                         ll: HopLatency {
                             nvlink: 0.3e-6,
-                            nic: if efa { 5e-6 } else { 3e-6 },
+                            nic: if efa { step } else { 3e-6 },
                         },
                         ll128: HopLatency {
                             nvlink: 1.0e-6,
-                            nic: if efa { 6e-6 } else { 4e-6 },
+                            nic: if efa { step } else { 4e-6 },
                         },
                         nic_message_overhead: if efa { 1e-6 } else { 0.0 },
                         launch_latency: PRESET_LAUNCH_LATENCY,
                         launches_per_thread: 1,
                         proxy_latency: PRESET_PROXY_LATENCY,
+                        reported_net_latency: if efa { EFA_REPORTED_LATENCY } else { 0.0 },
                     },
                     ..base
                 }
             }
-            Preset::DgxA100 => ClusterConfig {
-                channels: 16,
-                gpu_gen: GpuGen::Ampere,
-                nvlink: LinkModel {
-                    latency: 1e-6,
-                    bandwidth: 300e9,
-                },
-                nic: LinkModel {
-                    latency: 5e-6,
-                    bandwidth: 25e9,
-                },
-                calibration: Calibration {
-                    nvlink_efficiency: 0.82,
-                    nic_efficiency: 0.96,
-                    channel_bandwidth: 20e9,
-                    ll: HopLatency {
-                        nvlink: 0.3e-6,
-                        nic: 3e-6,
+            Preset::DgxA100 | Preset::P4dEfa => {
+                let efa = self == Preset::P4dEfa;
+                // p4d: the plugin's reported latency on every NIC hop.
+                let extra = if efa { EFA_REPORTED_LATENCY } else { 0.0 };
+                ClusterConfig {
+                    channels: 16,
+                    gpu_gen: GpuGen::Ampere,
+                    nics_per_node: if efa { 4 } else { 8 },
+                    nvlink: LinkModel {
+                        latency: 1e-6,
+                        bandwidth: 300e9,
                     },
-                    ll128: HopLatency {
-                        nvlink: 1.0e-6,
-                        nic: 4e-6,
+                    nic: LinkModel {
+                        latency: 5e-6 + extra,
+                        bandwidth: if efa { 12.5e9 } else { 25e9 },
                     },
-                    nic_message_overhead: 0.0,
-                    launch_latency: PRESET_LAUNCH_LATENCY,
-                    launches_per_thread: 1,
-                    proxy_latency: PRESET_PROXY_LATENCY,
-                },
-                ..base
-            },
+                    calibration: Calibration {
+                        nvlink_efficiency: 0.82,
+                        nic_efficiency: 0.96,
+                        channel_bandwidth: 20e9,
+                        ll: HopLatency {
+                            nvlink: 0.3e-6,
+                            nic: 3e-6 + extra,
+                        },
+                        ll128: HopLatency {
+                            nvlink: 1.0e-6,
+                            nic: 4e-6 + extra,
+                        },
+                        nic_message_overhead: if efa { 1e-6 } else { 0.0 },
+                        launch_latency: PRESET_LAUNCH_LATENCY,
+                        launches_per_thread: 1,
+                        proxy_latency: PRESET_PROXY_LATENCY,
+                        reported_net_latency: extra,
+                    },
+                    ..base
+                }
+            }
         }
     }
 }
@@ -494,6 +551,7 @@ impl ClusterConfig {
             },
             max_channels: self.channels,
             net_overhead_us: 1.0,
+            net_latency_us: k.reported_net_latency * 1e6,
             amd_cpu: false,
         }
     }
@@ -623,6 +681,7 @@ impl ClusterConfig {
             ("NIC message overhead", k.nic_message_overhead),
             ("launch", k.launch_latency),
             ("proxy", k.proxy_latency),
+            ("reported network", k.reported_net_latency),
         ] {
             if !(l.is_finite() && l >= 0.0) {
                 return Err(bad(format!(

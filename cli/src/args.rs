@@ -88,9 +88,9 @@ pub struct TopoArgs {
     /// GPUs (ranks) per node [default: 8, or --ranks / --nodes].
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// RDMA NICs per node.
-    #[arg(long, default_value_t = 8)]
-    pub nics_per_node: u16,
+    /// RDMA NICs per node [default: the preset's, else 8].
+    #[arg(long)]
+    pub nics_per_node: Option<u16>,
     /// Channels (rings); each channel's cross-node hops use NIC
     /// `channel mod nics`. Default: one per NIC (at least 1).
     #[arg(long)]
@@ -111,8 +111,8 @@ pub struct TopoArgs {
     /// else 400].
     #[arg(long)]
     pub nic_gbits: Option<f64>,
-    /// A common node's figures: dgx-h100, dgx-a100, p5-efa (explicit
-    /// flags override them).
+    /// A common node's figures: dgx-h100, dgx-a100, p5-efa, p4d-efa
+    /// (explicit flags override them).
     #[arg(long)]
     pub preset: Option<String>,
     /// Algorithms the tuner may pick (NCCL_ALGO syntax: `ring`,
@@ -126,19 +126,22 @@ pub struct TopoArgs {
     /// Simulator: NVLink hop latency under Simple, µs [default: 1].
     #[arg(long)]
     pub nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under Simple, µs [default: 5].
+    /// Simulator: NIC hop latency under Simple, µs [default: 5; p5-efa
+    /// 22.2, p4d-efa 80].
     #[arg(long)]
     pub nic_us: Option<f64>,
     /// Simulator: NVLink hop latency under LL, µs [default: 0.6; presets 0.3].
     #[arg(long)]
     pub ll_nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under LL, µs [default: 2.7; presets 3, EFA 5].
+    /// Simulator: NIC hop latency under LL, µs [default: 2.7; presets 3,
+    /// p5-efa 19.2, p4d-efa 78].
     #[arg(long)]
     pub ll_nic_us: Option<f64>,
     /// Simulator: NVLink hop latency under LL128, µs [default: 1.9; presets 1].
     #[arg(long)]
     pub ll128_nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under LL128, µs [default: 4; EFA 6].
+    /// Simulator: NIC hop latency under LL128, µs [default: 4; p5-efa
+    /// 19.2, p4d-efa 79].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
     /// Simulator: share of NVLink line rate a ring reaches [default: 1;
@@ -152,7 +155,8 @@ pub struct TopoArgs {
     /// presets 24 H100, 20 A100].
     #[arg(long)]
     pub channel_gbps: Option<f64>,
-    /// Simulator: a NIC port's fixed time per message, µs [default: 0; EFA 1].
+    /// Simulator: a NIC port's fixed time per message, µs [default: 0;
+    /// EFA presets 1].
     #[arg(long)]
     pub nic_overhead_us: Option<f64>,
     /// Simulator: what one kernel launch costs its thread, µs; a rank's
@@ -168,10 +172,19 @@ pub struct TopoArgs {
     /// on top of the NIC hop latency [default: 0; presets 0].
     #[arg(long)]
     pub proxy_us: Option<f64>,
+    /// Simulator: the network latency the network plugin reports to NCCL,
+    /// µs; the tuner adds it to every network hop (twice under Simple),
+    /// as NCCL's model does; simulated hops are unchanged [default: 0;
+    /// EFA presets 75].
+    #[arg(long)]
+    pub net_latency_us: Option<f64>,
 }
 
 /// NCCL's chunk size.
 pub const DEFAULT_CHUNK_BYTES: u64 = 2 << 20;
+
+/// NICs per node without --nics-per-node or a preset: a DGX's.
+pub const DEFAULT_NICS_PER_NODE: u16 = 8;
 
 /// GPUs per node without --gpus-per-node or --ranks: a DGX's.
 pub const DEFAULT_GPUS_PER_NODE: u32 = 8;
@@ -185,7 +198,7 @@ impl TopoArgs {
     /// Channels to use.
     pub fn channels(&self) -> u32 {
         self.channels
-            .unwrap_or(u32::from(self.nics_per_node).clamp(1, 64))
+            .unwrap_or(u32::from(self.nics_per_node.unwrap_or(DEFAULT_NICS_PER_NODE)).clamp(1, 64))
     }
 }
 

@@ -94,7 +94,11 @@ pub fn resolve(t: &TopoArgs) -> Result<Shape, CliError> {
     let s = Shape {
         nodes: t.nodes,
         gpus_per_node: gpus_per_node(t)?,
-        nics_per_node: t.nics_per_node,
+        nics_per_node: t.nics_per_node.unwrap_or(
+            preset
+                .as_ref()
+                .map_or(crate::args::DEFAULT_NICS_PER_NODE, |c| c.nics_per_node),
+        ),
         cross_nic: t.cross_nic,
         nvlink_gbps: t
             .nvlink_gbps

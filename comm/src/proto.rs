@@ -111,6 +111,7 @@ pub fn host_tuner(
         channel_gbps: HOST_SHM_GBPS,
         max_channels: u32::from(channels.max(1)),
         net_overhead_us: 0.0,
+        net_latency_us: 0.0,
         amd_cpu: false,
     };
     let mut t = Tuner::new(hw, ranks.max(1), nodes.max(1), Capabilities::RING)

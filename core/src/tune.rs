@@ -171,6 +171,12 @@ pub struct Hardware {
     /// NCCL's `getNetOverhead`: µs to post a network operation (1.0 on
     /// Intel CPUs, 2.0 on AMD).
     pub net_overhead_us: f64,
+    /// The latency the network plugin reports (`ncclNetProperties_t::
+    /// latency`, NCCL's `graph->latencyInter`), µs: NCCL adds it to every
+    /// network hop, and once more under Simple (the receive flush). 0 for
+    /// NCCL's own IB and socket transports; aws-ofi-nccl reports 75 on
+    /// p4d, p4de and p5 (`platform-aws.cpp`).
+    pub net_latency_us: f64,
     /// The host CPU is AMD (NCCL's `llMaxBws` row for more than one node).
     pub amd_cpu: bool,
 }
@@ -487,7 +493,8 @@ impl Tuner {
             &lat.pci_us
         };
         let mut intra = get(intra_table);
-        let inter = get(&lat.net_us);
+        let flush = if p == Protocol::Simple { 2.0 } else { 1.0 };
+        let inter = get(&lat.net_us) + hw.net_latency_us * flush;
         let base = get(&lat.base_us);
         let ppn = self.ranks.max(1).checked_div(nodes).unwrap_or(1);
         match a {
@@ -646,6 +653,7 @@ mod tests {
             channel_gbps: 24.0,
             max_channels: 32,
             net_overhead_us: 1.0,
+            net_latency_us: 0.0,
             amd_cpu: false,
         }
     }
@@ -693,6 +701,40 @@ mod tests {
             }
             let c = t.choose(Collective::AllReduce, 8).unwrap().chosen;
             assert_eq!(c.algorithm, Algorithm::Tree);
+        }
+    }
+
+    /// NCCL adds the plugin's latency to each network hop (ring: 2 ×
+    /// nodes of them in an AllReduce; tree: 2 × log2 nodes), twice under
+    /// Simple, and to nothing inside a node.
+    #[test]
+    fn a_reported_network_latency_is_added_per_network_hop() {
+        let est = |net: f64, ranks: u32, nodes: u32, a: Algorithm, p: Protocol| {
+            let hw = Hardware {
+                net_latency_us: net,
+                ..dgx_h100()
+            };
+            Tuner::new(hw, ranks, nodes, Capabilities::ALL)
+                .estimate(Collective::AllReduce, 8, a, p)
+                .unwrap()
+                .latency_us
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        for (nodes, ring_hops, tree_hops) in [(2u32, 4.0, 2.0), (4, 8.0, 4.0), (16, 32.0, 8.0)] {
+            let ranks = nodes * 8;
+            for p in Protocol::ALL {
+                let flush = if p == Protocol::Simple { 2.0 } else { 1.0 };
+                let ring = est(75.0, ranks, nodes, Algorithm::Ring, p)
+                    - est(0.0, ranks, nodes, Algorithm::Ring, p);
+                assert!(close(ring, 75.0 * ring_hops * flush), "{nodes} {p}: {ring}");
+                let tree = est(75.0, ranks, nodes, Algorithm::Tree, p)
+                    - est(0.0, ranks, nodes, Algorithm::Tree, p);
+                assert!(close(tree, 75.0 * tree_hops * flush), "{nodes} {p}: {tree}");
+            }
+        }
+        for p in Protocol::ALL {
+            let one_node = est(75.0, 8, 1, Algorithm::Ring, p) - est(0.0, 8, 1, Algorithm::Ring, p);
+            assert!(close(one_node, 0.0), "{p}: {one_node}");
         }
     }
 

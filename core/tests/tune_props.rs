@@ -20,10 +20,11 @@ fn hardware() -> impl Strategy<Value = Hardware> {
         1.0f64..100.0,
         1u32..=64,
         0.0f64..3.0,
+        prop_oneof![Just(0.0f64), 0.0f64..100.0],
         any::<bool>(),
     )
         .prop_map(
-            |(gen, nvlink, intra, inter, ch, max_channels, ovh, amd)| Hardware {
+            |(gen, nvlink, intra, inter, ch, max_channels, ovh, net, amd)| Hardware {
                 gen,
                 nvlink,
                 intra_gbps: intra,
@@ -31,6 +32,7 @@ fn hardware() -> impl Strategy<Value = Hardware> {
                 channel_gbps: ch,
                 max_channels,
                 net_overhead_us: ovh,
+                net_latency_us: net,
                 amd_cpu: amd,
             },
         )

@@ -84,6 +84,7 @@ pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
             launch_latency: us(t_args.launch_us, k.launch_latency),
             launches_per_thread: t_args.launches_per_thread.unwrap_or(k.launches_per_thread),
             proxy_latency: us(t_args.proxy_us, k.proxy_latency),
+            reported_net_latency: us(t_args.net_latency_us, k.reported_net_latency),
         },
         ..base
     };
@@ -484,5 +485,80 @@ mod tests {
             panic!("not perf");
         };
         assert!(MockBackend::new(&p.topo).is_err());
+    }
+
+    /// The EFA presets: p4d-efa's node (4 NICs of 100 Gb/s unless a flag
+    /// says otherwise) and the reported network latency, which reaches
+    /// the tuner (a flag wins) and no other preset has.
+    #[test]
+    fn efa_presets_and_the_reported_network_latency() {
+        let cfg = |flags: &[&str]| backend(flags).cfg;
+        let p4d = cfg(&["--nodes", "2", "--preset", "p4d-efa"]);
+        assert_eq!(p4d.nics_per_node, 4);
+        assert!((p4d.nic.bandwidth - 12.5e9).abs() < 1.0);
+        assert_eq!(
+            p4d.calibration.reported_net_latency,
+            ringcc_mock::EFA_REPORTED_LATENCY
+        );
+        assert_eq!(p4d.hardware().net_latency_us, 75.0);
+        let a100 = cfg(&["--nodes", "2", "--preset", "dgx-a100"]);
+        assert_eq!(a100.nics_per_node, 8);
+        assert_eq!(a100.hardware().net_latency_us, 0.0);
+        let extra = ringcc_mock::EFA_REPORTED_LATENCY;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(
+            p4d.calibration.ll.nic,
+            a100.calibration.ll.nic + extra
+        ));
+        assert!(close(
+            p4d.calibration.ll128.nic,
+            a100.calibration.ll128.nic + extra
+        ));
+        assert!(close(p4d.nic.latency, a100.nic.latency + extra));
+        let p5 = cfg(&["--nodes", "2", "--preset", "p5-efa"]);
+        let proxy = p5.calibration.proxy_latency;
+        assert!(close(
+            p5.calibration.ll.nic + proxy,
+            ringcc_mock::EFA_P5_STEP
+        ));
+        assert!(close(
+            p5.nic.latency + proxy,
+            ringcc_mock::EFA_P5_STEP + ringcc_mock::EFA_P5_SIMPLE_EXTRA
+        ));
+        assert_eq!(p5.hardware().net_latency_us, 75.0);
+        let set = cfg(&[
+            "--nodes",
+            "2",
+            "--preset",
+            "p4d-efa",
+            "--nics-per-node",
+            "2",
+            "--net-latency-us",
+            "10",
+        ]);
+        assert_eq!(set.nics_per_node, 2);
+        assert!((set.hardware().net_latency_us - 10.0).abs() < 1e-9);
+        // What the tuner is told moves its estimates, not the simulated hops.
+        assert_eq!(set.calibration.ll.nic, p4d.calibration.ll.nic);
+        let est = |c: &ringcc_mock::ClusterConfig| {
+            c.tuner()
+                .estimate(
+                    Collective::AllReduce,
+                    8,
+                    ringcc_core::Algorithm::Tree,
+                    ringcc_core::Protocol::Ll,
+                )
+                .unwrap()
+                .latency_us
+        };
+        let told = cfg(&[
+            "--nodes",
+            "2",
+            "--preset",
+            "p4d-efa",
+            "--net-latency-us",
+            "0",
+        ]);
+        assert!((est(&p4d) - est(&told) - 2.0 * 75.0).abs() < 1e-9);
     }
 }
