@@ -133,4 +133,27 @@ proptest! {
             prop_assert!(e.channels >= 1 && e.channels <= t.hw.max_channels.max(1));
         }
     }
+
+    /// A network plugin's reported latency only ever adds time, only
+    /// across nodes, and never changes the bandwidth term.
+    #[test]
+    fn a_reported_network_latency_only_adds_time_across_nodes(
+        t in tuner(),
+        c in collective(),
+        bytes in 0u64..(1 << 36),
+        extra in 0.0f64..200.0,
+    ) {
+        let more = Tuner { hw: Hardware { net_latency_us: t.hw.net_latency_us + extra, ..t.hw }, ..t };
+        for a in Algorithm::ALL {
+            for p in Protocol::ALL {
+                if let (Some(x), Some(y)) = (t.estimate(c, bytes, a, p), more.estimate(c, bytes, a, p)) {
+                    prop_assert!(y.latency_us >= x.latency_us, "{x:?} {y:?}");
+                    prop_assert_eq!(x.algbw_gbps.to_bits(), y.algbw_gbps.to_bits());
+                    if t.nodes == 1 {
+                        prop_assert_eq!(x.latency_us.to_bits(), y.latency_us.to_bits());
+                    }
+                }
+            }
+        }
+    }
 }
