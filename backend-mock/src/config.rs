@@ -125,6 +125,11 @@ pub struct Calibration {
     /// The most one channel (one thread block) moves per second, bytes;
     /// infinite for no limit (the default).
     pub channel_bandwidth: f64,
+    /// The same under LL128, bytes of data per second; `None` for
+    /// [`channel_bandwidth`](Calibration::channel_bandwidth) (the
+    /// default). NCCL's own model lets an LL128 ring channel move more
+    /// than a Simple one on Hopper (`perChMaxRingLL128Bws`: 36.7 GB/s).
+    pub ll128_channel_bandwidth: Option<f64>,
     /// Hop latencies under LL: the data carries its own flag, so the
     /// receiver sees it as it lands, with no separate tail write.
     pub ll: HopLatency,
@@ -166,6 +171,7 @@ impl Default for Calibration {
             nvlink_efficiency: 1.0,
             nic_efficiency: 1.0,
             channel_bandwidth: f64::INFINITY,
+            ll128_channel_bandwidth: None,
             // NCCL's hwLat for Ring LL / LL128 (tuning.cc): NVLink 0.6 /
             // 1.9 µs, network 2.7 / 4.0 µs.
             ll: HopLatency {
@@ -289,7 +295,9 @@ impl Preset {
     /// - Channels and the per-channel limit: NCCL's Hopper ring uses 16+
     ///   channels at ~24 GB/s each (its sm_90 intra-node search speeds
     ///   reach 24-40 GB/s per channel), Ampere ~20 GB/s (NCCL's
-    ///   `perChMaxRingLL128Bws` for Ampere: 20).
+    ///   `perChMaxRingLL128Bws` for Ampere: 20). Under LL128 a channel's
+    ///   limit is NCCL's `perChMaxRingLL128Bws` (Hopper 36.7, Ampere 20
+    ///   GB/s), the figure the tuner's model uses too.
     /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19).
     /// - EFA: AWS's instance documentation (p5: 3200 Gb/s per instance;
     ///   p4d / p4de: 4 × 100 Gb/s). Its latencies come from AWS's network
@@ -336,6 +344,7 @@ impl Preset {
                         nvlink_efficiency: 0.82,
                         nic_efficiency: 0.96,
                         channel_bandwidth: 24e9,
+                        ll128_channel_bandwidth: Some(GpuGen::Hopper.ring_ll128_cap(nodes) * 1e9),
                         ll: HopLatency {
                             nvlink: 0.3e-6,
                             nic: if efa { step } else { 3e-6 },
@@ -373,6 +382,7 @@ impl Preset {
                         nvlink_efficiency: 0.82,
                         nic_efficiency: 0.96,
                         channel_bandwidth: 20e9,
+                        ll128_channel_bandwidth: Some(GpuGen::Ampere.ring_ll128_cap(nodes) * 1e9),
                         ll: HopLatency {
                             nvlink: 0.3e-6,
                             nic: 3e-6 + extra,
@@ -672,6 +682,9 @@ impl ClusterConfig {
                 ));
             }
             check_rate("channel", k.channel_bandwidth)?;
+        }
+        if let Some(b) = k.ll128_channel_bandwidth {
+            check_rate("LL128 channel", b)?;
         }
         for (name, l) in [
             ("LL NVLink", k.ll.nvlink),

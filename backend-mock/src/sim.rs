@@ -134,6 +134,21 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
+    /// A channel's limit under the run's protocol, in wire bytes per
+    /// second (the executor times wire bytes): LL128's own figure where
+    /// one is set (bytes of data: 16/15 of it on the wire), else the
+    /// channel limit.
+    fn channel_rate(cfg: &ClusterConfig) -> Option<Rate> {
+        let k = &cfg.calibration;
+        match (cfg.protocol, k.ll128_channel_bandwidth) {
+            (ringcc_core::Protocol::Ll128, Some(data)) => {
+                let (num, den) = crate::config::Calibration::wire_factor(cfg.protocol);
+                Some(Rate::new(data * num as f64 / den as f64))
+            }
+            _ => (k.channel_bandwidth != f64::INFINITY).then(|| Rate::new(k.channel_bandwidth)),
+        }
+    }
+
     fn new(cfg: &ClusterConfig) -> Timing {
         Timing {
             gpu_overhead: ps(cfg.gpu.step_overhead),
@@ -145,8 +160,7 @@ impl Timing {
             deadline: ps(cfg.deadline),
             control: ps(cfg.control.latency),
             wire: crate::config::Calibration::wire_factor(cfg.protocol),
-            channel_rate: (cfg.calibration.channel_bandwidth != f64::INFINITY)
-                .then(|| Rate::new(cfg.calibration.channel_bandwidth)),
+            channel_rate: Timing::channel_rate(cfg),
             nic_overhead_bytes: (cfg.calibration.nic_message_overhead
                 * cfg.nic.bandwidth
                 * cfg.calibration.nic_efficiency)
@@ -329,6 +343,7 @@ impl Sim {
             };
         }
         self.time.wire = crate::config::Calibration::wire_factor(self.cfg.protocol);
+        self.time.channel_rate = Timing::channel_rate(&self.cfg);
     }
 
     pub fn new(cfg: ClusterConfig) -> Result<Sim, Error> {

@@ -371,3 +371,41 @@ mod random_timing {
         }
     }
 }
+
+/// The per-channel limit under LL128 is its own figure where one is set
+/// (bytes of data; 16/15 of them on the wire) and the channel limit
+/// otherwise; Simple keeps the channel limit either way. One node × 8,
+/// one channel, 1 GiB: the channel, not NVLink, is the bottleneck.
+#[test]
+fn ll128_channel_limit_is_its_own() {
+    use ringcc_core::Protocol;
+    let call = f32_call(Collective::AllReduce, 1 << 30);
+    let busbw_of = |protocol: Protocol, ll128: Option<f64>| {
+        let mut cfg = timing(1, 8, 1, 1);
+        cfg.nvlink.bandwidth = 900e9;
+        cfg.calibration.channel_bandwidth = 20e9;
+        cfg.calibration.ll128_channel_bandwidth = ll128;
+        cfg.protocol = protocol;
+        let (_, r) = run(cfg, call);
+        busbw(&call, &r, 8)
+    };
+    // Per-step overheads keep each run a few % under its limit.
+    let simple = busbw_of(Protocol::Simple, None);
+    assert!(close(simple, 20e9, 0.1), "Simple {simple}");
+    assert_eq!(simple, busbw_of(Protocol::Simple, Some(40e9)));
+    // No LL128 figure: the channel limit on the wire, at most 15/16 of
+    // it data.
+    let shared = busbw_of(Protocol::Ll128, None);
+    assert!(
+        shared <= simple * 15.0 / 16.0,
+        "LL128, shared limit {shared}"
+    );
+    // Its own: 40 GB/s of data, 40 / (20 · 15/16) = 2.13 times the shared
+    // limit's data rate.
+    let own = busbw_of(Protocol::Ll128, Some(40e9));
+    let gain = own / shared;
+    assert!(
+        close(gain, 40.0 / (20.0 * 15.0 / 16.0), 0.1),
+        "LL128, own limit {own}: {gain}"
+    );
+}

@@ -155,6 +155,11 @@ pub struct TopoArgs {
     /// presets 24 H100, 20 A100].
     #[arg(long)]
     pub channel_gbps: Option<f64>,
+    /// Simulator: what one channel moves at most under LL128, GB/s of
+    /// data [default: --channel-gbps; presets NCCL's
+    /// perChMaxRingLL128Bws: 36.7 H100, 20 A100].
+    #[arg(long)]
+    pub ll128_channel_gbps: Option<f64>,
     /// Simulator: a NIC port's fixed time per message, µs [default: 0;
     /// EFA presets 1].
     #[arg(long)]

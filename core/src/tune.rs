@@ -104,8 +104,10 @@ pub enum GpuGen {
 }
 
 impl GpuGen {
-    /// NCCL's `perChMaxRingLL128Bws[gen][N1/N2/N4]` (GB/s per channel).
-    fn ring_ll128_cap(self, nodes: u32) -> f64 {
+    /// NCCL's `perChMaxRingLL128Bws[gen][N1/N2/N4]`: the most one ring
+    /// channel moves under LL128, GB/s of bus bandwidth (on Hopper more
+    /// than a Simple channel's ~24).
+    pub fn ring_ll128_cap(self, nodes: u32) -> f64 {
         pick3(
             match self {
                 GpuGen::Volta | GpuGen::Ampere => [20.0, 20.0, 20.0],

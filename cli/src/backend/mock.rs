@@ -72,6 +72,10 @@ pub fn config(t: &TopoArgs) -> Result<ClusterConfig, CliError> {
             nvlink_efficiency: t_args.nvlink_eff.unwrap_or(k.nvlink_efficiency),
             nic_efficiency: t_args.nic_eff.unwrap_or(k.nic_efficiency),
             channel_bandwidth: t_args.channel_gbps.map_or(k.channel_bandwidth, |g| g * 1e9),
+            ll128_channel_bandwidth: t_args
+                .ll128_channel_gbps
+                .map(|g| g * 1e9)
+                .or(k.ll128_channel_bandwidth),
             ll: HopLatency {
                 nvlink: us(t_args.ll_nvlink_us, k.ll.nvlink),
                 nic: us(t_args.ll_nic_us, k.ll.nic),
@@ -560,5 +564,28 @@ mod tests {
             "0",
         ]);
         assert!((est(&p4d) - est(&told) - 2.0 * 75.0).abs() < 1e-9);
+    }
+
+    /// The LL128 channel limit: none without a preset (the channel limit
+    /// applies), NCCL's perChMaxRingLL128Bws with one, a flag wins.
+    #[test]
+    fn ll128_channel_limit_flag() {
+        let k = |flags: &[&str]| backend(flags).cfg.calibration;
+        assert_eq!(k(&["--nodes", "2"]).ll128_channel_bandwidth, None);
+        assert_eq!(
+            k(&["--preset", "dgx-h100"]).ll128_channel_bandwidth,
+            Some(36.7e9)
+        );
+        assert_eq!(
+            k(&["--preset", "dgx-a100"]).ll128_channel_bandwidth,
+            Some(20e9)
+        );
+        let set = k(&["--preset", "dgx-h100", "--ll128-channel-gbps", "50"]);
+        assert_eq!(set.ll128_channel_bandwidth, Some(50e9));
+        let args = ["ringcc", "perf", "allreduce", "--ll128-channel-gbps", "0"];
+        let Command::Perf(p) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not perf");
+        };
+        assert!(MockBackend::new(&p.topo).is_err());
     }
 }
