@@ -172,7 +172,7 @@ fn options(suite: &str, channels: u8) -> Options {
     let mut o = Options::from_env().unwrap();
     o.channels = channels;
     // Small slots: many slices, every FIFO wraps many times.
-    o.geometry = FifoGeometry::new(4 << 10, 2).unwrap();
+    o.geometry = Some(FifoGeometry::new(4 << 10, 2).unwrap());
     o.chunk_bytes = 16 << 10;
     // Every channel in use from 16 KiB on.
     o.channel_bytes = Some(8 << 10);

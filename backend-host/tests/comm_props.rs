@@ -109,7 +109,7 @@ fn run(case: &Case, token: &str) -> Result<(), String> {
     let store: Arc<dyn Store> = Arc::new(MemStore::new());
     let options = Options {
         channels: case.channels,
-        geometry: FifoGeometry::new(case.slot_bytes, 1).unwrap(),
+        geometry: Some(FifoGeometry::new(case.slot_bytes, 1).unwrap()),
         chunk_bytes: case.slot_bytes * 2,
         // Every channel in use from a few KiB on.
         channel_bytes: Some(2048),

@@ -245,7 +245,7 @@ fn options(suite: &str, channels: u8) -> Options {
     }
     o.channels = channels;
     // Small slots: many slices, every FIFO wraps many times.
-    o.geometry = FifoGeometry::new(16 << 10, 2).unwrap();
+    o.geometry = Some(FifoGeometry::new(16 << 10, 2).unwrap());
     o.chunk_bytes = 64 << 10;
     // Every channel in use from 64 KiB on.
     o.channel_bytes = Some(32 << 10);

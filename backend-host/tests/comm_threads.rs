@@ -173,17 +173,23 @@ fn abort_fails_the_next_call_even_on_one_rank() {
 
 /// Four ranks on two "nodes" (shared memory inside, TCP between): the
 /// ring has TCP hops, so every rank runs calls on one channel
-/// (`channel_bytes` unbounded), and calls still give the sum; on one node
-/// (shared memory only) the default applies; an explicit setting wins
-/// on both.
+/// (`channel_bytes` unbounded) with TCP's larger FIFO slots, and calls
+/// still give the sum; on one node (shared memory only) the defaults
+/// apply; explicit settings win on both.
 #[test]
 fn a_ring_with_a_tcp_hop_runs_calls_on_one_channel() {
-    use ringcc_comm::transport::CHANNEL_BYTES;
+    use ringcc_comm::transport::{CHANNEL_BYTES, SLOT_BYTES};
+    use ringcc_core::fifo::FifoGeometry;
+    use ringcc_host::tcp::TCP_SLOT_BYTES;
     let both = ringcc_host::transports("127.0.0.1".parse().unwrap(), Duration::from_secs(20));
+    let split = ["a", "a", "b", "b"];
+    let one = ["a", "a", "a", "a"];
+    let small = FifoGeometry::new(16 << 10, 1).unwrap();
     for (nodes, set, want) in [
-        (["a", "a", "b", "b"], None, u64::MAX),
-        (["a", "a", "a", "a"], None, CHANNEL_BYTES),
-        (["a", "a", "b", "b"], Some(8192), 8192),
+        (split, None, (u64::MAX, TCP_SLOT_BYTES)),
+        (one, None, (CHANNEL_BYTES, SLOT_BYTES)),
+        (split, Some((8192, small)), (8192, small.slot_bytes())),
+        (one, Some((8192, small)), (8192, small.slot_bytes())),
     ] {
         let store: Arc<dyn Store> = Arc::new(MemStore::new());
         let t = token("tcp-channels");
@@ -192,7 +198,9 @@ fn a_ring_with_a_tcp_hop_runs_calls_on_one_channel() {
                 let (store, t, both) = (Arc::clone(&store), t.clone(), Arc::clone(&both));
                 let o = Options {
                     node: nodes[r as usize].into(),
-                    channel_bytes: set,
+                    channel_bytes: set.map(|s| s.0),
+                    geometry: set.map(|s| s.1),
+                    chunk_bytes: if set.is_some() { 64 << 10 } else { 512 << 10 },
                     timeout: Duration::from_secs(20),
                     ..Options::default()
                 };
@@ -201,9 +209,9 @@ fn a_ring_with_a_tcp_hop_runs_calls_on_one_channel() {
                     let mut a = vec![1.0f32 + r as f32; 300_001];
                     c.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
                     assert!(a.iter().all(|&x| x == 10.0));
-                    let per = c.channel_bytes();
+                    let got = (c.channel_bytes(), c.geometry().slot_bytes());
                     c.close().unwrap();
-                    per
+                    got
                 })
             })
             .collect();

@@ -103,8 +103,13 @@ fn options() -> Options {
             .trim()
             .parse()
             .unwrap_or_else(|_| usage("RINGCC_SLOTS_PER_SLICE"));
-        o.geometry = FifoGeometry::new(o.geometry.slot_bytes(), sps)
-            .unwrap_or_else(|e| usage(&format!("RINGCC_SLOTS_PER_SLICE={sps}: {e}")));
+        let slot = o
+            .geometry
+            .map_or(ringcc_comm::transport::SLOT_BYTES, |g| g.slot_bytes());
+        o.geometry = Some(
+            FifoGeometry::new(slot, sps)
+                .unwrap_or_else(|e| usage(&format!("RINGCC_SLOTS_PER_SLICE={sps}: {e}"))),
+        );
         o.validate().unwrap_or_else(|e| usage(&e.to_string()));
     }
     o

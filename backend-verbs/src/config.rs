@@ -58,7 +58,7 @@ pub fn options_from_vars(get: impl Fn(&str) -> Option<String>) -> ringcc_comm::R
         _ => get(k),
     })?;
     if !slot {
-        o.geometry = GEOMETRY;
+        o.geometry = Some(GEOMETRY);
         o.validate()?;
     }
     Ok(o)
@@ -240,19 +240,19 @@ mod tests {
     #[test]
     fn verbs_fifo_unless_the_variables_set_one() {
         let o = options(&[("RINGCC_NCHANNELS", "3")]).unwrap();
-        assert_eq!((o.geometry, o.chunk_bytes), (GEOMETRY, CHUNK_BYTES));
+        assert_eq!((o.geometry, o.chunk_bytes), (Some(GEOMETRY), CHUNK_BYTES));
         assert_eq!(o.channels, 3);
         assert!(CHUNK_BYTES <= GEOMETRY.max_chunk_bytes());
         // A chunk alone: verbs' FIFO with that chunk.
         let o = options(&[("RINGCC_CHUNK_BYTES", "65536")]).unwrap();
-        assert_eq!((o.geometry, o.chunk_bytes), (GEOMETRY, 65536));
+        assert_eq!((o.geometry, o.chunk_bytes), (Some(GEOMETRY), 65536));
         // A slot size: the communicator's reading of it, its chunk.
         let o = options(&[
             ("RINGCC_SLOT_BYTES", "4096"),
             ("RINGCC_CHUNK_BYTES", "16384"),
         ])
         .unwrap();
-        assert_eq!(o.geometry, FifoGeometry::new(4096, 1).unwrap());
+        assert_eq!(o.geometry, Some(FifoGeometry::new(4096, 1).unwrap()));
         assert_eq!(o.chunk_bytes, 16384);
         // A chunk verbs' FIFO cannot pipeline (more than 3 of its slices,
         // though 7 of a lone 512 KiB slot would do) is refused.

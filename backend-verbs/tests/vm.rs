@@ -911,7 +911,7 @@ fn cli_perf_host_np_takes_verbs_fifo_only_for_verbs_hops() {
         "-w",
         "1",
     ];
-    let comm_slot = ringcc_comm::Options::default().geometry.slot_bytes();
+    let comm_slot = ringcc_comm::transport::SLOT_BYTES;
     let (code, out, err) = run_np(&args, &[]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert_rows_clean(&out, 1);

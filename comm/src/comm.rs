@@ -5,6 +5,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::{Call, Collective, DataType, Rank, ReduceOp};
 use tracing::{debug, warn};
 
@@ -173,6 +174,9 @@ pub struct Communicator {
     transports: Transports,
     peers: Vec<PeerInfo>,
     hops: Vec<(&'static str, &'static str)>,
+    /// Every connection's FIFO (the options', else the ring's
+    /// transports').
+    geometry: FifoGeometry,
     /// Bytes of a call's larger buffer per channel it uses (the
     /// options', else the ring's transports').
     channel_bytes: u64,
@@ -246,8 +250,9 @@ impl Communicator {
             protos,
         )?;
         let channel_bytes = connected.channel_bytes;
+        let geometry = connected.geometry;
         let drive = DriveConfig {
-            geometry: options.geometry,
+            geometry,
             chunk_bytes: options.chunk_bytes,
             channel_bytes,
             tuner,
@@ -297,6 +302,7 @@ impl Communicator {
             transports,
             peers: connected.peers,
             hops: connected.hops,
+            geometry,
             channel_bytes,
             splits: AtomicU64::new(0),
             stop,
@@ -342,6 +348,13 @@ impl Communicator {
     /// The settings in use.
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// Every connection's FIFO: [`Options::geometry`] when set, else
+    /// what the ring's transports ask for (256 KiB slots on a ring with
+    /// a TCP hop, 128 KiB otherwise).
+    pub fn geometry(&self) -> FifoGeometry {
+        self.geometry
     }
 
     /// Bytes of a call's larger buffer per channel it uses:

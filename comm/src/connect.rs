@@ -27,6 +27,9 @@ pub(crate) struct Connected {
     pub(crate) hops: Vec<(&'static str, &'static str)>,
     /// The bell this rank sleeps on.
     pub(crate) bell: Arc<dyn Bell>,
+    /// Every connection's FIFO: the options', else the ring's transports'
+    /// (the largest slot of its hops'); the same on every rank.
+    pub(crate) geometry: FifoGeometry,
     /// Bytes of a call's larger buffer per channel it uses: the options'
     /// override, else what the ring's transports ask for (the largest of
     /// its hops'); the same on every rank.
@@ -244,10 +247,9 @@ fn pick(transports: &[Box<dyn Transport>], peers: &[PeerInfo], a: Rank, b: Rank)
 /// What every rank must agree on, compared across ranks at connect.
 fn settings(o: &Options) -> String {
     format!(
-        "channels={} slot_bytes={} slots_per_slice={} chunk_bytes={} channel_bytes={:?} protos={:?} algos={:?}",
+        "channels={} geometry={:?} chunk_bytes={} channel_bytes={:?} protos={:?} algos={:?}",
         o.channels,
-        o.geometry.slot_bytes(),
-        o.geometry.slots_per_slice(),
+        o.geometry.map(|g| (g.slot_bytes(), g.slots_per_slice())),
         o.chunk_bytes,
         o.channel_bytes,
         o.protos,
@@ -296,11 +298,22 @@ pub(crate) fn connect(
     } else {
         (0, 0)
     };
+    // The FIFO: the options', else the ring's transports' (the largest
+    // slot any hop asks for); the same on every rank.
+    let geometry = match options.geometry {
+        Some(g) => g,
+        None => {
+            let slot = ring_hops(transports, &peers, &order)
+                .filter_map(|(_, t)| t.and_then(|t| t.slot_bytes()))
+                .fold(crate::transport::SLOT_BYTES, u64::max);
+            geometry(slot, 1)?
+        }
+    };
     let job = Job {
         token,
         rank,
         world,
-        geometry: options.geometry,
+        geometry,
         deadline,
         peers: &peers,
         bell: &bell,
@@ -330,7 +343,13 @@ pub(crate) fn connect(
     if rank == Rank(0) && options.debug_info {
         eprintln!(
             "{}",
-            banner(&peers, &order, options, channel_bytes, transports)
+            banner(
+                &peers,
+                &order,
+                options,
+                (geometry, channel_bytes),
+                transports
+            )
         );
     }
     Ok(Connected {
@@ -339,6 +358,7 @@ pub(crate) fn connect(
         peers,
         hops: vec![names; usize::from(channels)],
         bell,
+        geometry,
         channel_bytes,
     })
 }
@@ -369,7 +389,7 @@ fn banner(
     peers: &[PeerInfo],
     order: &RingOrderOf,
     options: &Options,
-    channel_bytes: u64,
+    (geometry, channel_bytes): (FifoGeometry, u64),
     transports: &[Box<dyn Transport>],
 ) -> String {
     let mut nodes: Vec<&str> = Vec::new();
@@ -390,7 +410,7 @@ fn banner(
         nodes.len(),
         options.channels,
         ringcc_core::fifo::STEPS,
-        options.geometry.slot_bytes(),
+        geometry.slot_bytes(),
         options.chunk_bytes,
         options.timeout,
     );

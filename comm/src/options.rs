@@ -3,7 +3,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `RINGCC_NCHANNELS` | channels (rings), 1..=64 | 2 |
-//! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | 131072 |
+//! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | the ring's transports': 131072, or 262144 on a ring with a TCP hop |
 //! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
 //! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | the ring's transports': 4194304, or one channel on a ring with a TCP hop |
 //! | `RINGCC_PROTO` | the protocols calls may run under, NCCL_PROTO's syntax: `LL`, `LL,LL128`, `^LL128`, any case | all: the tuner picks per call ([`choose_protocol`](crate::proto::choose_protocol)) |
@@ -28,8 +28,12 @@ use crate::error::{Error, Result};
 pub struct Options {
     /// Channels (rings), `1..=64`.
     pub channels: u8,
-    /// The FIFO of every connection.
-    pub geometry: FifoGeometry,
+    /// The FIFO of every connection. `None`: what the ring's transports
+    /// ask for, one slot per slice
+    /// ([`Transport::slot_bytes`](crate::transport::Transport::slot_bytes):
+    /// [`SLOT_BYTES`](crate::transport::SLOT_BYTES), or 256 KiB on a
+    /// ring with a TCP hop).
+    pub geometry: Option<FifoGeometry>,
     /// The plan's chunk (bytes per rank and step before the last loop
     /// shrinks it); at most what the FIFO holds less one slice.
     pub chunk_bytes: u64,
@@ -62,13 +66,14 @@ pub struct Options {
 }
 
 impl Default for Options {
-    /// Two channels, 128 KiB slots with one slot per slice (1 MiB of FIFO
-    /// per connection), 512 KiB chunks (half the FIFO, as NCCL's Simple
+    /// Two channels, the ring's transports' slots (128 KiB, one slot per
+    /// slice: 1 MiB of FIFO per connection; 256 KiB on a ring with a TCP
+    /// hop), 512 KiB chunks (half the smaller FIFO, as NCCL's Simple
     /// protocol), a 30 s deadline, this host's name as the node.
     fn default() -> Self {
         Options {
             channels: 2,
-            geometry: FifoGeometry::new(128 << 10, 1).unwrap_or_default(),
+            geometry: None,
             chunk_bytes: 512 << 10,
             channel_bytes: None,
             protos: ProtoSet::ALL,
@@ -81,6 +86,12 @@ impl Default for Options {
             debug_info: false,
         }
     }
+}
+
+/// The FIFO of a ring whose transports ask for nothing else:
+/// [`SLOT_BYTES`](crate::transport::SLOT_BYTES), one slot per slice.
+pub(crate) fn default_geometry() -> FifoGeometry {
+    FifoGeometry::new(crate::transport::SLOT_BYTES, 1).unwrap_or_default()
 }
 
 /// Transports that reach only inside a node (shared memory, CUDA IPC).
@@ -110,7 +121,7 @@ impl Options {
             o.channels = u8::try_from(c).unwrap_or(u8::MAX);
         }
         if let Some(s) = num("RINGCC_SLOT_BYTES")? {
-            o.geometry = crate::connect::geometry(s, 1)?;
+            o.geometry = Some(crate::connect::geometry(s, 1)?);
         }
         if let Some(c) = num("RINGCC_CHUNK_BYTES")? {
             o.chunk_bytes = c;
@@ -179,12 +190,14 @@ impl Options {
                 self.channels
             )));
         }
-        if self.chunk_bytes == 0 || self.chunk_bytes > self.geometry.max_chunk_bytes() {
+        // Without a geometry set, the ring's is at least the default's.
+        let g = self.geometry.unwrap_or_else(default_geometry);
+        if self.chunk_bytes == 0 || self.chunk_bytes > g.max_chunk_bytes() {
             return Err(Error::BadConfig(format!(
                 "a {} B chunk does not fit a {} B FIFO (at most {} B: one slice stays free)",
                 self.chunk_bytes,
-                self.geometry.fifo_bytes(),
-                self.geometry.max_chunk_bytes()
+                g.fifo_bytes(),
+                g.max_chunk_bytes()
             )));
         }
         if self.channel_bytes == Some(0) {

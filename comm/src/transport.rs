@@ -283,6 +283,11 @@ impl Job<'_> {
     }
 }
 
+/// A ring's FIFO slot where neither the user nor a transport asks for
+/// another ([`Transport::slot_bytes`]): 128 KiB, one slot per slice (1
+/// MiB of FIFO per connection).
+pub const SLOT_BYTES: u64 = 128 << 10;
+
 /// Bytes of a call's larger buffer per channel it uses, where no
 /// transport of the ring asks for more
 /// ([`Transport::channel_bytes`]): every channel adds hand-offs, and one
@@ -419,6 +424,15 @@ pub trait Transport: Send {
     /// [`publish`](Transport::publish); `None` (the default) when the
     /// transport has no memory its peers share.
     fn bell(&mut self) -> Option<Arc<dyn Bell>> {
+        None
+    }
+
+    /// The FIFO slot a ring with a hop over this transport should use
+    /// where the user set none (the ring's largest wins over
+    /// [`SLOT_BYTES`]; `RINGCC_SLOT_BYTES` overrides). The default,
+    /// `None`, is content with [`SLOT_BYTES`]; a transport whose every
+    /// slice costs system calls asks for larger slices (TCP).
+    fn slot_bytes(&self) -> Option<u64> {
         None
     }
 

@@ -204,6 +204,9 @@ fn slot_bytes_of(
 /// not wait for an acknowledgement). The socket buffers are left to the
 /// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no
 /// faster.
+/// The FIFO slot a ring with a TCP hop uses unless the user sets one.
+pub const TCP_SLOT_BYTES: u64 = 256 << 10;
+
 fn tune(s: &TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)
 }
@@ -333,6 +336,15 @@ impl Transport for TcpTransport {
     /// so more connections add no parallelism.
     fn channel_bytes(&self) -> u64 {
         u64::MAX
+    }
+
+    /// 256 KiB: every slice costs a rank system calls on both ends, so
+    /// larger slices move more per call. Measured interleaved against
+    /// 128 KiB between two network namespaces: 1 MiB 601 → 444 µs, 4 MiB
+    /// 2.93 → 1.84 ms, 16 MiB 11.6 → 9.2 ms, 64 MiB 46 → 39 ms (medians
+    /// of 5; 64 KiB calls are one slice either way).
+    fn slot_bytes(&self) -> Option<u64> {
+        Some(TCP_SLOT_BYTES)
     }
 
     /// Binds `(bind_ip, 0)`, starts the acceptor and publishes

@@ -120,7 +120,7 @@ impl PerfBackend for HostBackend {
             Some((out, inc)) => format!("rank {}'s hops: out {out}, in {inc}", self.comm.rank()),
             None => "one rank: no hops".into(),
         };
-        let g = o.geometry;
+        let g = self.comm.geometry();
         let per = match self.comm.channel_bytes() {
             u64::MAX => "one per call: a ring with a TCP hop".to_string(),
             b => format!("one per {b} B of a call's buffer"),
