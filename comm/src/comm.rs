@@ -351,7 +351,7 @@ impl Communicator {
     }
 
     /// Every connection's FIFO: [`Options::geometry`] when set, else
-    /// what the ring's transports ask for (256 KiB slots on a ring with
+    /// what the ring's transports ask for (512 KiB slots on a ring with
     /// a TCP hop, 128 KiB otherwise).
     pub fn geometry(&self) -> FifoGeometry {
         self.geometry

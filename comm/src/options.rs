@@ -3,7 +3,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `RINGCC_NCHANNELS` | channels (rings), 1..=64 | 2 |
-//! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | the ring's transports': 131072, or 262144 on a ring with a TCP hop |
+//! | `RINGCC_SLOT_BYTES` | bytes per FIFO slot | the ring's transports': 131072, or 524288 on a ring with a TCP hop |
 //! | `RINGCC_CHUNK_BYTES` | the plan's chunk | 524288 |
 //! | `RINGCC_CHANNEL_BYTES` | a call uses one channel per this many bytes of its larger buffer (at least one, at most `RINGCC_NCHANNELS`) | the ring's transports': 4194304, or one channel on a ring with a TCP hop |
 //! | `RINGCC_PROTO` | the protocols calls may run under, NCCL_PROTO's syntax: `LL`, `LL,LL128`, `^LL128`, any case | all: the tuner picks per call ([`choose_protocol`](crate::proto::choose_protocol)) |
@@ -31,7 +31,7 @@ pub struct Options {
     /// The FIFO of every connection. `None`: what the ring's transports
     /// ask for, one slot per slice
     /// ([`Transport::slot_bytes`](crate::transport::Transport::slot_bytes):
-    /// [`SLOT_BYTES`](crate::transport::SLOT_BYTES), or 256 KiB on a
+    /// [`SLOT_BYTES`](crate::transport::SLOT_BYTES), or 512 KiB on a
     /// ring with a TCP hop).
     pub geometry: Option<FifoGeometry>,
     /// The plan's chunk (bytes per rank and step before the last loop
@@ -67,7 +67,7 @@ pub struct Options {
 
 impl Default for Options {
     /// Two channels, the ring's transports' slots (128 KiB, one slot per
-    /// slice: 1 MiB of FIFO per connection; 256 KiB on a ring with a TCP
+    /// slice: 1 MiB of FIFO per connection; 512 KiB on a ring with a TCP
     /// hop), 512 KiB chunks (half the smaller FIFO, as NCCL's Simple
     /// protocol), a 30 s deadline, this host's name as the node.
     fn default() -> Self {
