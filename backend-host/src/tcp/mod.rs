@@ -200,13 +200,14 @@ fn slot_bytes_of(
     }
 }
 
+/// The FIFO slot a ring with a TCP hop uses unless the user sets one
+/// ([`Transport::slot_bytes`](ringcc_comm::transport::Transport::slot_bytes)).
+pub const TCP_SLOT_BYTES: u64 = 512 << 10;
+
 /// A connected stream's options: no Nagle (a slice's last frame must
 /// not wait for an acknowledgement). The socket buffers are left to the
 /// kernel's autotuning: fixed sizes (1 or 4 MiB each way) measured no
 /// faster.
-/// The FIFO slot a ring with a TCP hop uses unless the user sets one.
-pub const TCP_SLOT_BYTES: u64 = 512 << 10;
-
 fn tune(s: &TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)
 }
