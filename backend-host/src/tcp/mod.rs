@@ -201,7 +201,7 @@ fn slot_bytes_of(
 }
 
 /// The FIFO slot a ring with a TCP hop uses unless the user sets one
-/// ([`Transport::slot_bytes`](ringcc_comm::transport::Transport::slot_bytes)).
+/// ([`Transport::slot_bytes`]).
 pub const TCP_SLOT_BYTES: u64 = 512 << 10;
 
 /// A connected stream's options: no Nagle (a slice's last frame must
