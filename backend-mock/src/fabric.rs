@@ -83,11 +83,24 @@ pub enum LinkKind {
     },
 }
 
+impl LinkKind {
+    /// The link's name in reports and traces.
+    pub fn name(&self) -> String {
+        match *self {
+            LinkKind::NvLink { from, to } => format!("nvlink {}->{}", from.0, to.0),
+            LinkKind::NicTx { node, nic } => format!("nic {}.{} tx", node.0, nic.0),
+        }
+    }
+}
+
 /// A serial link: one transfer at a time, each `bytes / bandwidth` long,
 /// arriving `latency` after it left.
+///
+/// One cache line (its name is made from its kind when a report needs
+/// it): every slice sent reserves a link.
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 pub(crate) struct LinkRes {
-    pub name: String,
     pub kind: LinkKind,
     pub rate: Rate,
     pub latency: Ps,
@@ -99,9 +112,8 @@ pub(crate) struct LinkRes {
 }
 
 impl LinkRes {
-    fn new(name: String, kind: LinkKind, m: &LinkModel) -> LinkRes {
+    fn new(kind: LinkKind, m: &LinkModel) -> LinkRes {
         LinkRes {
-            name,
             kind,
             rate: Rate::new(m.bandwidth),
             latency: ps(m.latency),
@@ -197,7 +209,6 @@ impl Fabric {
                     link: links.len() as u32,
                 });
                 links.push(LinkRes::new(
-                    format!("nic {node}.{nic} tx"),
                     LinkKind::NicTx {
                         node: NodeId(node),
                         nic: NicId(nic),
@@ -239,7 +250,6 @@ impl Fabric {
                         let link = *nvlinks.entry((r, next)).or_insert(len);
                         if link == len {
                             links.push(LinkRes::new(
-                                format!("nvlink {r}->{next}"),
                                 LinkKind::NvLink {
                                     from: Rank(r),
                                     to: Rank(next),
@@ -323,7 +333,6 @@ mod tests {
     #[test]
     fn reserve_serializes() {
         let mut l = LinkRes::new(
-            "x".into(),
             LinkKind::NicTx {
                 node: NodeId(0),
                 nic: NicId(0),
@@ -334,5 +343,7 @@ mod tests {
         assert_eq!(l.reserve(10, 50_000), (1_000_000, 2_000_000));
         assert_eq!(l.reserve(5_000_000, 0), (5_000_000, 5_000_000));
         assert_eq!(l.bytes, 100_000);
+        assert_eq!(l.kind.name(), "nic 0.0 tx");
+        assert_eq!(size_of::<LinkRes>(), 64);
     }
 }

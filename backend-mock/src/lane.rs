@@ -678,7 +678,11 @@ impl Sim {
                 // A flag store over NVLink: latency only.
                 let now = self.events.now();
                 if self.faults.nvlinks.delivers(t.rank, t.prev, now) {
-                    let at = now.saturating_add(self.fab.links[link as usize].latency);
+                    debug_assert_eq!(
+                        self.fab.links[link as usize].latency,
+                        self.time.nvlink_latency
+                    );
+                    let at = now.saturating_add(self.time.nvlink_latency);
                     self.push_credit(pred, at, head);
                 }
                 Ok(())

@@ -131,6 +131,11 @@ pub(crate) struct Timing {
     pub channel_rate: Option<Rate>,
     /// A NIC message's fixed overhead, as bytes of its port's time.
     pub nic_overhead_bytes: u64,
+    /// Every NVLink's latency under the run's protocol (they are all
+    /// alike: `apply_protocol` sets them together). A credit's
+    /// flag store reads it here rather than from its link, a cache miss
+    /// per slice on large clusters.
+    pub nvlink_latency: Ps,
 }
 
 impl Timing {
@@ -165,6 +170,7 @@ impl Timing {
                 * cfg.nic.bandwidth
                 * cfg.calibration.nic_efficiency)
                 .round() as u64,
+            nvlink_latency: ps(cfg.nvlink.latency),
         }
     }
 
@@ -336,6 +342,7 @@ impl Sim {
 
     fn apply_protocol(&mut self) {
         let (nvlink, nic) = self.protocol_latencies();
+        self.time.nvlink_latency = ps(nvlink);
         for l in &mut self.fab.links {
             l.latency = match l.kind {
                 crate::fabric::LinkKind::NvLink { .. } => ps(nvlink),
@@ -401,7 +408,7 @@ impl Sim {
             .links
             .iter()
             .map(|l| LinkStats {
-                name: l.name.clone(),
+                name: l.kind.name(),
                 kind: l.kind,
                 bytes: l.bytes,
                 messages: l.messages,

@@ -127,7 +127,7 @@ impl Trace {
             write!(
                 w,
                 "{{\"ph\":\"M\",\"pid\":{links_pid},\"tid\":{i},\"name\":\"thread_name\",\"args\":{{\"name\":{}}}}}",
-                json_str(&l.name)
+                json_str(&l.kind.name())
             )?;
         }
         for r in &self.recs {

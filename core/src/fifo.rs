@@ -380,16 +380,21 @@ mod tests {
         let fifo = ShmFifo::<2>::new();
         let (mut tx, mut rx) = fifo.split();
         for i in 0..STEPS {
+            assert_eq!(tx.next_step(), i);
             assert_eq!(tx.try_send(&[i, i + 100]), Ok(i));
         }
         assert_eq!(tx.try_send(&[0]), Err(TryError::WouldBlock));
+        // A refused send takes no step.
+        assert_eq!(tx.next_step(), STEPS);
         assert_eq!(tx.try_send(&[0, 1, 2]), Err(TryError::TooLong));
         let mut out = [0u64; 2];
         for i in 0..STEPS {
+            assert_eq!(rx.next_step(), i);
             assert_eq!(rx.try_recv(&mut out), Ok(2));
             assert_eq!(out, [i, i + 100]);
         }
         assert_eq!(rx.try_recv(&mut out), Err(TryError::WouldBlock));
+        assert_eq!(rx.next_step(), STEPS);
         assert_eq!(tx.try_send(&[7]), Ok(STEPS));
         let mut short = [0u64; 0];
         assert_eq!(rx.try_recv(&mut short), Err(TryError::TooLong));

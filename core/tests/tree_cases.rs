@@ -395,3 +395,43 @@ fn a_stalled_tree_call_names_the_connection_it_waits_on() {
         Some(TreeConn::Down(0))
     );
 }
+
+#[test]
+fn a_leaf_without_credit_names_its_parent_connection() {
+    // The leaf of a 1-node, 2-rank chain sends its whole input up; with
+    // no credit back it fills the FIFO and waits for room on `Up`.
+    let mut e: Eng = engine(1);
+    let slices = 2 * STEPS;
+    let count = slices * 4; // 16-byte slots, one per slice: 4 floats each.
+    let call = Call::all_reduce(count, DataType::F32, ReduceOp::Sum);
+    let plan = TreePlan::new(count, DataType::F32, 2, 1, 64).unwrap();
+    e.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 2, c))
+        .unwrap();
+    let c = ChannelId(0);
+    let mut sent = 0;
+    while let Some((ch, a)) = e.poll_tree().unwrap() {
+        assert_eq!(ch, c);
+        assert!(!e.tree_machine(c).unwrap().is_done(), "running");
+        match a {
+            TreeAction::Exec(x) => {
+                assert_eq!(x.send_conns().count(), 1, "a leaf only sends up");
+                sent += 1;
+                e.handle_tree_exec_done(0, c, x.dir).unwrap();
+            }
+            other => panic!("a leaf with no data from above does not {other:?}"),
+        }
+    }
+    assert_eq!(sent, STEPS, "as many slices as the FIFO holds");
+    let b = e.tree_blocked_on(c);
+    assert_eq!(b.conn, Some(TreeConn::Up));
+    assert_eq!(b.blocked, Blocked::Credit { head: 0, need: 1 });
+    // One credit: one more slice.
+    e.handle_tree(0, c, TreeConn::Up, Event::Head(1)).unwrap();
+    match e.poll_tree().unwrap() {
+        Some((_, TreeAction::Exec(x))) => e.handle_tree_exec_done(0, c, x.dir).unwrap(),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.poll_tree(), Ok(None));
+    assert_eq!(e.tree_blocked_on(c).conn, Some(TreeConn::Up));
+    assert!(!e.tree_machine(c).unwrap().is_done());
+}

@@ -8,6 +8,8 @@
 //! connection's first message and is checked there; the machine finishes
 //! only when everything it sent, on every connection, was consumed.
 
+use core::cmp::Ordering;
+
 use crate::error::{Error, ProtocolViolation};
 use crate::fifo::{can_recv, can_send, FifoGeometry, STEPS};
 use crate::log;
@@ -266,7 +268,6 @@ struct Conn {
     recv_start: u64,
     send_start: u64,
     header_ok: bool,
-    header_sent: bool,
     early_header: Option<(u64, CallDesc)>,
 }
 
@@ -280,7 +281,6 @@ impl Conn {
             recv_start: l.recv_next,
             send_start: l.send_next,
             header_ok: false,
-            header_sent: false,
             early_header: None,
         }
     }
@@ -568,28 +568,23 @@ impl TreeMachine {
         let i = self.live_conn(conn)?;
         let c = self.conn(i);
         let call = self.call;
-        let r = if desc.seq == call.seq {
-            if c.header_ok || step != c.recv_start {
+        let r = match desc.seq.cmp(&call.seq) {
+            Ordering::Equal if c.header_ok || step != c.recv_start => {
                 Err(Error::Protocol(ProtocolViolation::UnexpectedHeader))
-            } else if desc != call {
-                Err(Error::MismatchedCall {
-                    expected: call,
-                    got: desc,
-                })
-            } else {
-                Ok((true, None))
             }
-        } else if desc.seq > call.seq {
-            if c.early_header.is_some() || step != c.recv_next {
-                Err(Error::Protocol(ProtocolViolation::UnexpectedHeader))
-            } else {
-                Ok((c.header_ok, Some((step, desc))))
-            }
-        } else {
-            Err(Error::MismatchedCall {
+            Ordering::Equal if desc != call => Err(Error::MismatchedCall {
                 expected: call,
                 got: desc,
-            })
+            }),
+            Ordering::Equal => Ok((true, None)),
+            Ordering::Greater if c.early_header.is_some() || step != c.recv_next => {
+                Err(Error::Protocol(ProtocolViolation::UnexpectedHeader))
+            }
+            Ordering::Greater => Ok((c.header_ok, Some((step, desc)))),
+            Ordering::Less => Err(Error::MismatchedCall {
+                expected: call,
+                got: desc,
+            }),
         };
         match r {
             Ok((ok, early)) => {
@@ -672,9 +667,6 @@ impl TreeMachine {
                 c.recv_next = c.recv_next.saturating_add(sps);
             }
             if s & bit(i) != 0 {
-                if c.send_next == c.send_start {
-                    c.header_sent = true;
-                }
                 c.send_next = c.send_next.saturating_add(sps);
             }
         }
@@ -724,7 +716,9 @@ impl TreeMachine {
                         slots: sps,
                     });
                 }
-                if !c.header_sent && c.send_next == c.send_start {
+                // The call's first send on a connection carries its
+                // header (every send moves `send_next` on).
+                if c.send_next == c.send_start {
                     header_to |= bit(i);
                 }
             }

@@ -149,6 +149,9 @@ pub struct RankState {
     bufs: Vec<Bufs>,
     /// The first error, in tolerant mode.
     pub failure: Option<EngineError>,
+    /// Per channel, what `receives_ahead` said at the running call's last
+    /// `ReturnCredit` so far.
+    ahead: [Option<bool>; CAP],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -231,6 +234,7 @@ impl World {
                     })
                     .collect(),
                 failure: None,
+                ahead: [None; CAP],
             })
             .collect();
         let conns = (0..n as usize * CAP)
@@ -567,6 +571,17 @@ impl World {
             }
             Action::ReturnCredit { head } => {
                 assert_eq!(st.engine.link(c).recv_next, head);
+                // Only the call's last credit on the channel says that no
+                // more will come.
+                let ahead = st.engine.receives_ahead(c);
+                let slot = &mut st.ahead[usize::from(c.0)];
+                assert_ne!(
+                    *slot,
+                    Some(false),
+                    "rank {r} channel {}: a credit after the call's last",
+                    c.0
+                );
+                *slot = Some(ahead);
                 self.conn(r, c.0).credit.push_back(Event::Head(head));
             }
             Action::Done => {
@@ -590,6 +605,14 @@ impl World {
         assert_eq!(st.engine.seq(), k as u64 + 1, "seq advances per call");
         assert_eq!(st.engine.poll_timeout(), None);
         assert!(!self.outstanding.iter().any(|o| o.rank == r));
+        for (c, ahead) in st.ahead.iter_mut().enumerate() {
+            assert_ne!(
+                ahead.take(),
+                Some(true),
+                "rank {r} channel {c}: the call's last credit said more would come"
+            );
+            assert!(!st.engine.receives_ahead(ChannelId(c as u8)), "idle");
+        }
         st.dirty = false;
         let plan = plan_of(n, &spec);
         let b = &st.bufs[k];
@@ -626,7 +649,18 @@ impl World {
         let st = &mut self.ranks[r as usize];
         match st.engine.handle(now, ChannelId(c), ev) {
             Ok(()) => st.dirty = true,
-            Err(e) => self.fail(r, "handle", e),
+            Err(e) => return self.fail(r, "handle", e),
+        }
+        // The machine's counters, as its accessors and its link state say.
+        if let Some(m) = st.engine.machine(ChannelId(c)) {
+            let link = st.engine.link(ChannelId(c));
+            assert_eq!(
+                (m.recv_tail(), m.send_head()),
+                (link.recv_tail, link.send_head)
+            );
+            if let Event::Tail(t) = ev {
+                assert!(m.recv_tail() >= t, "rank {r} ch {c}: tail {t} not seen");
+            }
         }
     }
 
