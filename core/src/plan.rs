@@ -688,3 +688,38 @@ impl<M: RingOrder> Steps<M> {
         self.phase_next = next;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::InOrderRing;
+
+    /// `primitive_at`, the rule of the collectives whose steps look it up,
+    /// gives every ring collective's primitives as the step iterator hands
+    /// them out — AllReduce's too, which the iterator computes inline.
+    #[test]
+    fn primitive_at_agrees_with_the_steps() {
+        for n in [1u32, 2, 3, 5] {
+            for collective in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+            ] {
+                let plan = Plan::new(collective, 1000, DataType::F32, n, 2, 64).unwrap();
+                for c in 0..2 {
+                    for r in 0..n {
+                        let ring = InOrderRing { ranks: n };
+                        for s in plan.steps(ChannelId(c), Rank(r), ring).unwrap() {
+                            assert_eq!(
+                                plan.primitive_at(s.index, 0),
+                                s.primitive,
+                                "{collective:?} n={n} rank {r} step {}",
+                                s.index
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -335,6 +335,18 @@ fn impossible_tree_events_are_typed_errors_that_poison() {
         },
         Error::Protocol(ProtocolViolation::MissingHeader),
     );
+    // The call's header twice on the connection.
+    bad(
+        &|e| {
+            let header = Event::Header {
+                step: 0,
+                desc: tree_call().0.desc(0),
+            };
+            e.handle_tree(0, c, TreeConn::Up, header)?;
+            e.handle_tree(0, c, TreeConn::Up, header)
+        },
+        Error::Protocol(ProtocolViolation::UnexpectedHeader),
+    );
     // A header for another call on the connection.
     bad(
         &|e| {
