@@ -433,6 +433,30 @@ fn a_second_start_while_running_is_busy_and_harmless() {
 }
 
 #[test]
+fn a_credit_already_known_is_ignored() {
+    // Rank 0 of two sends its first slice; its successor's counter then
+    // reads 1, again 1, and an older 0 (a re-read racing the update).
+    let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
+    let mut e = engine(0);
+    start(&mut e, 0, &call, 2, 1).unwrap();
+    let c = ChannelId(0);
+    match e.poll().unwrap() {
+        Some((ch, Action::Exec(x))) => {
+            assert_eq!(ch, c);
+            assert!(x.send.is_some(), "step 0 sends");
+        }
+        other => panic!("{other:?}"),
+    }
+    e.handle(1, c, Event::ExecDone).unwrap();
+    for head in [1, 1, 0] {
+        assert_eq!(e.handle(2, c, Event::Head(head)), Ok(()), "head {head}");
+        assert_eq!(e.link(c).send_head, 1);
+    }
+    assert_eq!(e.failure(), None);
+    assert_eq!(e.poll(), Ok(None), "rank 0 now waits for data");
+}
+
+#[test]
 fn abort_poisons_running_or_idle() {
     let call = Call::all_reduce(8, DataType::I32, ReduceOp::Sum);
     let mut e = engine(0);

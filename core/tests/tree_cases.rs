@@ -112,6 +112,14 @@ impl Sync {
                 }
             }
         }
+        if tree {
+            for e in &self.engines {
+                for c in 0..tplan.channels() {
+                    let m = e.tree_machine(ChannelId(c as u8)).expect("a tree machine");
+                    assert!(m.is_done(), "rank {}: a finished tree call", e.rank().0);
+                }
+            }
+        }
         for (r, out) in outputs.iter().enumerate() {
             let mut want = vec![0u8; out.len()];
             if fill_expected(&plan, call.op, r as u32, 0, salt, &mut want).unwrap() {
