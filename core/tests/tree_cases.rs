@@ -455,3 +455,25 @@ fn a_leaf_without_credit_names_its_parent_connection() {
     assert_eq!(e.tree_blocked_on(c).conn, Some(TreeConn::Up));
     assert!(!e.tree_machine(c).unwrap().is_done());
 }
+
+#[test]
+fn tree_channels_beyond_the_limit_are_refused() {
+    // Storage for more tree channels than a call may use: the ones past
+    // `MAX_CHANNELS` are never addressed.
+    use ringcc_core::topology::MAX_CHANNELS;
+    let mut e = Engine::with_trees(
+        Rank(0),
+        [Channel::<InOrderRing>::new(), Channel::new()],
+        vec![TreeChannel::new(); MAX_CHANNELS as usize + 1],
+        TIMEOUT,
+    );
+    let c = ChannelId(MAX_CHANNELS as u8);
+    let refused = Err(EngineError::BadChannel {
+        channel: MAX_CHANNELS,
+        capacity: MAX_CHANNELS,
+    });
+    assert_eq!(e.handle_tree(0, c, TreeConn::Up, Event::Tail(1)), refused);
+    assert_eq!(e.failure(), None, "a refusal does not poison");
+    let last = ChannelId(MAX_CHANNELS as u8 - 1);
+    assert_eq!(e.handle_tree(0, last, TreeConn::Up, Event::Tail(1)), Ok(()));
+}
