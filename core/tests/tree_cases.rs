@@ -477,3 +477,51 @@ fn tree_channels_beyond_the_limit_are_refused() {
     let last = ChannelId(MAX_CHANNELS as u8 - 1);
     assert_eq!(e.handle_tree(0, last, TreeConn::Up, Event::Tail(1)), Ok(()));
 }
+
+#[test]
+fn a_middle_rank_names_the_child_it_waits_credit_from() {
+    // The middle rank of a 1-node, 3-rank chain: its up-stream (data from
+    // the leaf, sent to the root) finishes with `Up`'s window full, the
+    // root holding credit back; its down-stream (data from the root, sent
+    // to the leaf) then fills `Down(0)`, the leaf holding credit back.
+    // What it waits for is the leaf's credit, not the root's.
+    let mut e: Eng = engine(1);
+    let slices = 12u64;
+    let count = slices * 4; // one 16-byte slot per slice: 4 floats each.
+    let call = Call::all_reduce(count, DataType::F32, ReduceOp::Sum);
+    let plan = TreePlan::new(count, DataType::F32, 3, 1, 64).unwrap();
+    let desc = e
+        .start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
+        .unwrap();
+    let c = ChannelId(0);
+    let down = TreeConn::Down(0);
+    let run = |e: &mut Eng| {
+        while let Some((_, a)) = e.poll_tree().unwrap() {
+            match a {
+                TreeAction::Exec(x) => e.handle_tree_exec_done(0, c, x.dir).unwrap(),
+                TreeAction::ReturnCredit { .. } => {}
+                TreeAction::Done => panic!("the middle rank cannot finish here"),
+            }
+        }
+    };
+    let header = Event::Header { step: 0, desc };
+    e.handle_tree(0, c, down, header).unwrap();
+    e.handle_tree(0, c, down, Event::Tail(STEPS)).unwrap();
+    run(&mut e);
+    e.handle_tree(0, c, down, Event::Tail(slices)).unwrap();
+    e.handle_tree(0, c, TreeConn::Up, Event::Head(slices - STEPS))
+        .unwrap();
+    run(&mut e);
+    let up = e.tree_machine(c).unwrap().links()[0];
+    assert_eq!((up.send_head, up.send_next), (slices - STEPS, slices));
+    e.handle_tree(0, c, TreeConn::Up, header).unwrap();
+    e.handle_tree(0, c, TreeConn::Up, Event::Tail(STEPS))
+        .unwrap();
+    run(&mut e);
+    e.handle_tree(0, c, TreeConn::Up, Event::Tail(slices))
+        .unwrap();
+    run(&mut e);
+    let b = e.tree_blocked_on(c);
+    assert_eq!(b.conn, Some(down), "{b}");
+    assert_eq!(b.blocked, Blocked::Credit { head: 0, need: 1 });
+}
