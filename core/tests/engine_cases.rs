@@ -448,6 +448,9 @@ fn a_credit_already_known_is_ignored() {
         other => panic!("{other:?}"),
     }
     e.handle(1, c, Event::ExecDone).unwrap();
+    // Between steps, with its send not yet credited: its next step is
+    // there to take (a receive), not a wait for credit.
+    assert_eq!(e.blocked_on(c), Blocked::Ready);
     for head in [1, 1, 0] {
         assert_eq!(e.handle(2, c, Event::Head(head)), Ok(()), "head {head}");
         assert_eq!(e.link(c).send_head, 1);

@@ -343,6 +343,31 @@ fn impossible_tree_events_are_typed_errors_that_poison() {
         },
         Error::Protocol(ProtocolViolation::MissingHeader),
     );
+    // A tail that moves back (the same one again is fine).
+    let mut e = engine(1);
+    start(&mut e).unwrap();
+    for _ in 0..2 {
+        assert_eq!(e.handle_tree(0, c, TreeConn::Up, Event::Tail(2)), Ok(()));
+    }
+    bad(
+        &|e| {
+            e.handle_tree(0, c, TreeConn::Up, Event::Tail(2))?;
+            e.handle_tree(0, c, TreeConn::Up, Event::Tail(1))
+        },
+        Error::Protocol(ProtocolViolation::TailBackwards),
+    );
+    // The next call's header twice on the connection.
+    bad(
+        &|e| {
+            let next = Event::Header {
+                step: 0,
+                desc: tree_call().0.desc(1),
+            };
+            e.handle_tree(0, c, TreeConn::Up, next)?;
+            e.handle_tree(0, c, TreeConn::Up, next)
+        },
+        Error::Protocol(ProtocolViolation::UnexpectedHeader),
+    );
     // The call's header twice on the connection.
     bad(
         &|e| {
@@ -524,4 +549,31 @@ fn a_middle_rank_names_the_child_it_waits_credit_from() {
     let b = e.tree_blocked_on(c);
     assert_eq!(b.conn, Some(down), "{b}");
     assert_eq!(b.blocked, Blocked::Credit { head: 0, need: 1 });
+}
+
+#[test]
+fn a_finished_tree_channel_that_fails_between_calls_says_so() {
+    // After a tree call, an impossible event for the next one fails the
+    // finished machine it reaches: the channel reports `Failed`, not
+    // `Done`.
+    let mut w = Sync::new(1, 2);
+    w.run(
+        Call::all_reduce(70, DataType::F32, ReduceOp::Sum),
+        true,
+        1,
+        1,
+    );
+    let e = &mut w.engines[1];
+    let c = ChannelId(0);
+    assert_eq!(e.tree_blocked_on(c).blocked, Blocked::Done);
+    let got = e
+        .handle_tree(0, c, TreeConn::Up, Event::Tail(u64::MAX))
+        .unwrap_err();
+    assert_eq!(
+        got.core(),
+        Some(Error::Protocol(ProtocolViolation::Overrun)),
+        "{got}"
+    );
+    assert_eq!(e.tree_blocked_on(c).blocked, Blocked::Failed);
+    assert_eq!(e.tree_blocked_on(c).conn, None);
 }

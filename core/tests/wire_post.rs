@@ -148,6 +148,30 @@ fn empty_slice_is_a_zero_length_write_with_imm() {
 }
 
 #[test]
+fn a_write_size_outside_1_to_2_pow_31_is_malformed() {
+    let e = exec(0, 1, 1000, None);
+    let writes = || {
+        SliceWrites::<1>::new(
+            &e,
+            &FifoGeometry::NCCL,
+            DataType::F32,
+            LOCAL,
+            &FIFO,
+            &MAILBOX,
+            1,
+        )
+        .unwrap()
+    };
+    assert_eq!(writes().with_max_write(0).err(), Some(Error::Malformed));
+    assert_eq!(
+        writes().with_max_write((1 << 31) + 1).err(),
+        Some(Error::Malformed)
+    );
+    assert!(writes().with_max_write(1 << 31).is_ok());
+    assert!(writes().with_max_write(1).is_ok());
+}
+
+#[test]
 fn long_slices_split_at_max_write() {
     let e = exec(0, 1, 1000, None);
     let wrs: Vec<WorkRequest<1>> = SliceWrites::new(
