@@ -549,6 +549,24 @@ fn a_middle_rank_names_the_child_it_waits_credit_from() {
     let b = e.tree_blocked_on(c);
     assert_eq!(b.conn, Some(down), "{b}");
     assert_eq!(b.blocked, Blocked::Credit { head: 0, need: 1 });
+    // Both streams finish sending; the root credits everything, the leaf
+    // all but the last four: the call waits for those, from the leaf.
+    e.handle_tree(0, c, down, Event::Head(STEPS)).unwrap();
+    e.handle_tree(0, c, TreeConn::Up, Event::Head(slices))
+        .unwrap();
+    run(&mut e);
+    let b = e.tree_blocked_on(c);
+    assert_eq!(b.conn, Some(down), "{b}");
+    assert_eq!(
+        b.blocked,
+        Blocked::Credit {
+            head: STEPS,
+            need: slices
+        }
+    );
+    e.handle_tree(0, c, down, Event::Head(slices)).unwrap();
+    assert_eq!(e.poll_tree(), Ok(Some((c, TreeAction::Done))));
+    assert!(e.is_idle());
 }
 
 #[test]

@@ -493,6 +493,13 @@ impl World {
         for c in 0..used as u8 {
             let id = ChannelId(c);
             let b = st.engine.blocked_on(id);
+            // The cheap question a simulator asks after every poll agrees
+            // with the full report.
+            assert_eq!(
+                st.engine.waits_for_credit(id),
+                matches!(b, Blocked::Credit { .. }),
+                "rank {r} ch {c}: waits_for_credit vs {b:?}"
+            );
             let busy = self
                 .outstanding
                 .iter()
