@@ -147,21 +147,24 @@ fn empty_slice_is_a_zero_length_write_with_imm() {
     assert_eq!(wrs[0].validate(), Ok(()));
 }
 
+/// The writes of data slice `e` (F32, NCCL geometry) into [`FIFO`].
+fn data_writes(e: &Exec) -> SliceWrites<1> {
+    SliceWrites::new(
+        e,
+        &FifoGeometry::NCCL,
+        DataType::F32,
+        LOCAL,
+        &FIFO,
+        &MAILBOX,
+        1,
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_write_size_outside_1_to_2_pow_31_is_malformed() {
     let e = exec(0, 1, 1000, None);
-    let writes = || {
-        SliceWrites::<1>::new(
-            &e,
-            &FifoGeometry::NCCL,
-            DataType::F32,
-            LOCAL,
-            &FIFO,
-            &MAILBOX,
-            1,
-        )
-        .unwrap()
-    };
+    let writes = || data_writes(&e);
     assert_eq!(writes().with_max_write(0).err(), Some(Error::Malformed));
     assert_eq!(
         writes().with_max_write((1 << 31) + 1).err(),
@@ -174,19 +177,7 @@ fn a_write_size_outside_1_to_2_pow_31_is_malformed() {
 #[test]
 fn long_slices_split_at_max_write() {
     let e = exec(0, 1, 1000, None);
-    let wrs: Vec<WorkRequest<1>> = SliceWrites::new(
-        &e,
-        &FifoGeometry::NCCL,
-        DataType::F32,
-        LOCAL,
-        &FIFO,
-        &MAILBOX,
-        1,
-    )
-    .unwrap()
-    .with_max_write(1500)
-    .unwrap()
-    .collect();
+    let wrs: Vec<WorkRequest<1>> = data_writes(&e).with_max_write(1500).unwrap().collect();
     let shape: Vec<_> = wrs
         .iter()
         .map(|w| (w.opcode, w.len(), w.remote.unwrap().addr, w.flags))
