@@ -671,6 +671,31 @@ fn impossible_counters_on_a_running_channel_poison() {
 
 // ---- calls over different channel counts -------------------------------
 
+#[test]
+fn a_finished_channel_that_fails_between_calls_says_so() {
+    // After a call, an impossible event for the next one fails the
+    // finished machine it reaches: the channel, no longer part of a call,
+    // reports `Failed`, not `Done`.
+    let call = Call::all_reduce(64, DataType::I32, ReduceOp::Sum);
+    let mut e = engine(0);
+    start(&mut e, 0, &call, 1, 2).unwrap();
+    assert!(run_alone(&mut e) > 0);
+    let c = ChannelId(1);
+    assert_eq!(e.blocked_on(c), Blocked::Done);
+    let err = e.handle(1, c, Event::Tail(u64::MAX)).unwrap_err();
+    assert_eq!(
+        err,
+        machine_err(
+            1,
+            "handle_tail",
+            Error::Protocol(ProtocolViolation::Overrun)
+        )
+    );
+    assert_eq!(e.blocked_on(c), Blocked::Failed);
+    assert_eq!(e.blocked_on(ChannelId(0)), Blocked::Done);
+    assert_poisoned(&mut e, err);
+}
+
 fn empty(seq: u64) -> CallDesc {
     Call::all_reduce(0, DataType::I8, ReduceOp::Sum).desc(seq)
 }

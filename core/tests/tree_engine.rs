@@ -333,6 +333,11 @@ impl World {
                         TreeAction::Exec(e) => {
                             let both = self.ranks[r as usize].engine.pending_tree_execs(c);
                             assert!(both.contains(&Some(e)), "the exec is outstanding");
+                            assert_eq!(
+                                self.ranks[r as usize].engine.pending_tree(c),
+                                both[0].or(both[1]),
+                                "the first outstanding exec, the up stream's first"
+                            );
                             if both.iter().all(Option::is_some) {
                                 assert_ne!(both[0].map(|x| x.dir), both[1].map(|x| x.dir));
                                 self.concurrent += 1;

@@ -205,4 +205,41 @@ mod finalize_tests {
         assert_eq!(run(Primitive::RECV_REDUCE_SEND, &mut out), 8);
         assert_eq!(run(Primitive::RECV_REDUCE_COPY_SEND, &mut out), 2);
     }
+
+    /// A step that receives without reducing copies the incoming slice,
+    /// whatever local slice it is also given: only REDUCE combines them.
+    #[test]
+    fn only_a_reducing_step_combines_incoming_and_local() {
+        let (inc, loc) = (6i32.to_ne_bytes(), 2i32.to_ne_bytes());
+        for p in [
+            Primitive::RECV_COPY_SEND,
+            Primitive::RECV_ONLY,
+            Primitive::RECV.union(Primitive::SEND),
+        ] {
+            let mut out = [0u8; 4];
+            slice_result(
+                p,
+                DataType::I32,
+                ReduceOp::Sum,
+                4,
+                Some(&inc),
+                Some(&loc),
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(i32::from_ne_bytes(out), 6, "{p}");
+        }
+        let mut out = [0u8; 4];
+        slice_result(
+            Primitive::RECV_REDUCE_SEND,
+            DataType::I32,
+            ReduceOp::Sum,
+            4,
+            Some(&inc),
+            Some(&loc),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(i32::from_ne_bytes(out), 8);
+    }
 }
