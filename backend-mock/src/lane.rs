@@ -415,17 +415,25 @@ impl Sim {
     /// [`drive_outlined`](Sim::drive_outlined).
     #[inline(always)]
     pub(crate) fn drive(&mut self, l: u32) {
-        let now = self.events.now();
-        let lanes = &mut self.lanes;
-        let lane = &mut lanes.hot[l as usize];
+        let lane = &self.lanes.hot[l as usize];
         if lane.state != LaneState::Running {
             return;
         }
         let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
+        self.drive_running(l, rank, c);
+    }
+
+    /// [`drive`](Sim::drive) of a lane known to run, on `rank`'s channel
+    /// `c` (what the events that just fed it have read already).
+    #[inline(always)]
+    fn drive_running(&mut self, l: u32, rank: u32, c: ChannelId) {
+        let now = self.events.now();
         // Before its launch a rank's engine holds what arrived and waits.
         if self.run.before_launch(rank, now) {
             return;
         }
+        let lanes = &mut self.lanes;
+        let lane = &mut lanes.hot[l as usize];
         let engine = &mut lanes.engines[rank as usize];
         while let Some((at, head)) = lane.credits.front() {
             if at > now {
@@ -606,7 +614,7 @@ impl Sim {
                 return;
             }
         }
-        self.drive(l);
+        self.drive_running(l, t.rank, t.channel_id());
     }
 
     /// The predecessor's `tail` (and maybe call header) became visible.
@@ -650,7 +658,7 @@ impl Sim {
         // A machine with a slice outstanding does nothing before it is
         // done (and its `ExecDone` polls it).
         if !engine.machine(c).is_some_and(|m| m.is_busy()) {
-            self.drive(l);
+            self.drive_running(l, rank, c);
         }
     }
 
