@@ -409,10 +409,11 @@ impl Sim {
     /// channel until it waits, carrying out its actions. Once a call runs
     /// only the channel that had an event has any.
     ///
-    /// Always inlined into the two events that drive nearly every slice
-    /// (a finished slice, a predecessor's tail): a call saves and restores
-    /// six registers each time. Rarer events call
-    /// [`drive_outlined`](Sim::drive_outlined).
+    /// Its loop ([`drive_with`](Sim::drive_with)) is always inlined into
+    /// the two events that drive nearly every slice (a finished slice, a
+    /// predecessor's tail), which hand the engine their event with its
+    /// first poll: a call saves and restores six registers each time.
+    /// Rarer events call [`drive_outlined`](Sim::drive_outlined).
     #[inline(always)]
     pub(crate) fn drive(&mut self, l: u32) {
         let lane = &self.lanes.hot[l as usize];
@@ -427,9 +428,23 @@ impl Sim {
     /// `c` (what the events that just fed it have read already).
     #[inline(always)]
     fn drive_running(&mut self, l: u32, rank: u32, c: ChannelId) {
+        self.drive_with(l, rank, c, None);
+    }
+
+    /// [`drive_running`](Sim::drive_running), handing the engine `event`
+    /// on the channel first (after the credits that have arrived), with
+    /// its first poll.
+    #[inline(always)]
+    fn drive_with(&mut self, l: u32, rank: u32, c: ChannelId, event: Option<Event>) {
         let now = self.events.now();
         // Before its launch a rank's engine holds what arrived and waits.
         if self.run.before_launch(rank, now) {
+            if let Some(ev) = event {
+                if let Err(e) = self.lanes.engines[rank as usize].handle(now, c, ev) {
+                    let err = self.engine_error(rank, e);
+                    self.fail_lane(l, err);
+                }
+            }
             return;
         }
         let lanes = &mut self.lanes;
@@ -453,10 +468,15 @@ impl Sim {
                 lane.send_head = head;
             }
         }
+        let mut event = event;
         loop {
             let lanes = &mut self.lanes;
             let engine = &mut lanes.engines[rank as usize];
-            match engine.poll_channel(c) {
+            let polled = match event.take() {
+                Some(ev) => engine.handle_poll(now, c, ev),
+                None => engine.poll_channel(c),
+            };
+            match polled {
                 Ok(Some(Next::Exec)) => {
                     let Some(e) = engine.pending(c) else {
                         return;
@@ -592,7 +612,6 @@ impl Sim {
 
     /// The lane's outstanding slice is complete.
     pub(crate) fn on_exec_done(&mut self, l: u32) {
-        let now = self.events.now();
         let (lane, engine) = self.lanes.with_engine(l);
         if lane.state != LaneState::Running {
             return;
@@ -603,18 +622,16 @@ impl Sim {
             Hop::Net { .. } => engine.pending(t.channel_id()).filter(|e| e.send.is_some()),
             _ => None,
         };
-        if let Err(e) = engine.handle(now, t.channel_id(), Event::ExecDone) {
-            let err = self.engine_error(t.rank, e);
-            self.fail_lane(l, err);
-            return;
-        }
+        // The slice leaves before the engine hears it is done (the send
+        // does not look at the engine): the engine's first poll comes with
+        // the event.
         if let Some(e) = exec {
             if let Err(err) = self.net_send(l, &e) {
                 self.fail_lane(l, err);
                 return;
             }
         }
-        self.drive_running(l, t.rank, t.channel_id());
+        self.drive_with(l, t.rank, t.channel_id(), Some(Event::ExecDone));
     }
 
     /// The predecessor's `tail` (and maybe call header) became visible.
@@ -644,22 +661,15 @@ impl Sim {
             return;
         }
         let (rank, c) = (lane.t.rank, lane.t.channel_id());
-        let fed = match header {
-            Some((step, desc)) => engine.handle(now, c, Event::Header { step, desc }),
-            None => Ok(()),
-        }
-        .and_then(|()| engine.handle(now, c, Event::Tail(tail)));
-        if let Err(e) = fed {
-            let err = self.engine_error(rank, e);
-            self.fail_lane(l, err);
-            return;
+        if let Some((step, desc)) = header {
+            if let Err(e) = engine.handle(now, c, Event::Header { step, desc }) {
+                let err = self.engine_error(rank, e);
+                self.fail_lane(l, err);
+                return;
+            }
         }
         lane.recv_tail = tail;
-        // A machine with a slice outstanding does nothing before it is
-        // done (and its `ExecDone` polls it).
-        if !engine.machine(c).is_some_and(|m| m.is_busy()) {
-            self.drive_running(l, rank, c);
-        }
+        self.drive_with(l, rank, c, Some(Event::Tail(tail)));
     }
 
     /// The successor's `head` arrived.

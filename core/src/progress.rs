@@ -639,15 +639,7 @@ impl<
             });
         };
         let r = match ch.machine.as_mut() {
-            Some(m) => match event {
-                Event::ExecDone => m.handle_exec_done().map_err(|e| ("handle_exec_done", e)),
-                Event::Tail(t) => m.handle_tail(t).map_err(|e| ("handle_tail", e)),
-                Event::Header { step, desc } => m
-                    .handle_header(step, desc)
-                    .map_err(|e| ("handle_header", e)),
-                Event::Head(h) if h <= m.send_head() => Ok(()),
-                Event::Head(h) => m.handle_head(h).map_err(|e| ("handle_head", e)),
-            },
+            Some(m) => machine_event(m, event),
             None => idle_event(&mut ch.link, next_seq, event),
         };
         if let Err((during, source)) = r {
@@ -704,8 +696,71 @@ impl<
             }) => m.poll_next(),
             _ => Ok(None),
         };
+        self.polled(c, b, polled)
+    }
+
+    /// [`handle`](Engine::handle) then [`poll_channel`](Engine::poll_channel)
+    /// on the same channel, with the same results and bookkeeping, the
+    /// channel looked up once: what a backend that drives one channel at
+    /// a time does with nearly every event (its first poll comes with the
+    /// event; it polls on with `poll_channel` until `None`).
+    #[must_use = "actions must be carried out"]
+    #[inline(always)]
+    pub fn handle_poll(
+        &mut self,
+        now: u64,
+        c: ChannelId,
+        event: Event,
+    ) -> Result<Option<Next>, EngineError> {
+        self.check()?;
+        let capacity = self.capacity();
+        let i = u32::from(c.0);
+        let b = bit(i);
+        let open = self.open & b != 0;
+        let Some(Channel {
+            machine: Some(m), ..
+        }) = self
+            .channels
+            .as_mut()
+            .get_mut(i as usize)
+            .filter(|_| i < capacity)
+        else {
+            // No machine (or no such channel): the event only moves the
+            // link's counters, or is refused.
+            self.handle(now, c, event)?;
+            return self.poll_channel(c);
+        };
+        if let Err((during, source)) = machine_event(m, event) {
+            return Err(self.poison(EngineError::Machine {
+                channel: c,
+                during,
+                source,
+            }));
+        }
+        self.last_progress = now;
+        // A channel outside the running call has no action (and is never
+        // marked).
+        if !open {
+            return Ok(None);
+        }
+        let polled = m.poll_next();
+        self.polled(c, b, polled)
+    }
+
+    /// The bookkeeping after channel `c` (bit `b`) was polled: marked
+    /// while it has actions, unmarked once it waits, closed when done.
+    #[inline(always)]
+    fn polled(
+        &mut self,
+        c: ChannelId,
+        b: u64,
+        polled: Result<Option<Next>, Error>,
+    ) -> Result<Option<Next>, EngineError> {
         match polled {
-            Ok(Some(Next::ReturnCredit { head })) => Ok(Some(Next::ReturnCredit { head })),
+            Ok(Some(Next::ReturnCredit { head })) => {
+                self.dirty |= b;
+                Ok(Some(Next::ReturnCredit { head }))
+            }
             Ok(Some(Next::Exec)) => {
                 // An exec outstanding: nothing more until an event.
                 self.dirty &= !b;
@@ -1119,6 +1174,24 @@ impl<M> Unset for Channel<M> {
 impl Unset for TreeChannel {
     fn unset(&mut self) {
         self.machine = None;
+    }
+}
+
+/// Hands a running channel's machine `event`: the name of the handler
+/// that refused it, with its error.
+#[inline(always)]
+fn machine_event<M: RingOrder>(
+    m: &mut Machine<M>,
+    event: Event,
+) -> Result<(), (&'static str, Error)> {
+    match event {
+        Event::ExecDone => m.handle_exec_done().map_err(|e| ("handle_exec_done", e)),
+        Event::Tail(t) => m.handle_tail(t).map_err(|e| ("handle_tail", e)),
+        Event::Header { step, desc } => m
+            .handle_header(step, desc)
+            .map_err(|e| ("handle_header", e)),
+        Event::Head(h) if h <= m.send_head() => Ok(()),
+        Event::Head(h) => m.handle_head(h).map_err(|e| ("handle_head", e)),
     }
 }
 

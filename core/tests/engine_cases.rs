@@ -9,7 +9,7 @@ mod engine_world;
 
 use engine_world::{CallSpec, Mode, Perm, World, CAP};
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::prim::{Action, Blocked, LinkState};
+use ringcc_core::prim::{Action, Blocked, LinkState, Next};
 use ringcc_core::progress::{ArrayEngine, Channel, Engine, EngineError, Event, Stall};
 use ringcc_core::rng::Rng;
 use ringcc_core::{
@@ -694,6 +694,43 @@ fn a_finished_channel_that_fails_between_calls_says_so() {
     assert_eq!(e.blocked_on(c), Blocked::Failed);
     assert_eq!(e.blocked_on(ChannelId(0)), Blocked::Done);
     assert_poisoned(&mut e, err);
+}
+
+#[test]
+fn an_event_with_its_first_poll_counts_as_progress() {
+    // `handle_poll` is `handle` then `poll_channel`: the event moves the
+    // deadline, and the poll hands out the channel's next action.
+    let call = Call::all_reduce(64, DataType::I32, ReduceOp::Sum);
+    let mut e = engine(0);
+    start(&mut e, 0, &call, 1, 1).unwrap();
+    let c = ChannelId(0);
+    assert_eq!(e.poll_timeout(), Some(TIMEOUT));
+    assert_eq!(e.poll_channel(c), Ok(Some(Next::Exec)));
+    let mut now = 0;
+    let mut execs = 1;
+    loop {
+        now += 700;
+        match e.handle_poll(now, c, Event::ExecDone) {
+            Ok(Some(Next::Exec)) => execs += 1,
+            Ok(Some(Next::Done)) => break,
+            other => panic!("a one-rank call does not {other:?}"),
+        }
+        // Past the first deadline, not past the one the event moved.
+        assert_eq!(e.poll_timeout(), Some(now + TIMEOUT));
+        assert_eq!(e.handle_timeout(now + TIMEOUT - 1), Ok(()));
+    }
+    assert!(execs > 1);
+    assert!(e.is_idle());
+    // Idle: an event on a channel outside any running call has nothing
+    // to poll; one on a channel the storage lacks is refused.
+    assert_eq!(e.handle_poll(now, c, Event::Tail(0)), Ok(None));
+    assert_eq!(
+        e.handle_poll(now, ChannelId(9), Event::Tail(1)),
+        Err(EngineError::BadChannel {
+            channel: 9,
+            capacity: CAP as u32
+        })
+    );
 }
 
 fn empty(seq: u64) -> CallDesc {

@@ -651,13 +651,26 @@ impl World {
         }
     }
 
+    /// Hands rank `r` `ev` on channel `c`. In per-channel mode, half the
+    /// time with its first poll (`Engine::handle_poll`), whose action is
+    /// carried out at once, as a backend driving one channel does.
     fn handle(&mut self, r: u32, c: u8, ev: Event) {
         let now = self.now;
+        let with_poll = self.per_channel && self.rng.chance(0.5);
         let st = &mut self.ranks[r as usize];
-        match st.engine.handle(now, ChannelId(c), ev) {
-            Ok(()) => st.dirty = true,
-            Err(e) => return self.fail(r, "handle", e),
-        }
+        let first = if with_poll {
+            match st.engine.handle_poll(now, ChannelId(c), ev) {
+                Ok(next) => next,
+                Err(e) => return self.fail(r, "handle_poll", e),
+            }
+        } else {
+            match st.engine.handle(now, ChannelId(c), ev) {
+                Ok(()) => None,
+                Err(e) => return self.fail(r, "handle", e),
+            }
+        };
+        let st = &mut self.ranks[r as usize];
+        st.dirty = true;
         // The machine's counters, as its accessors and its link state say.
         if let Some(m) = st.engine.machine(ChannelId(c)) {
             let link = st.engine.link(ChannelId(c));
@@ -667,6 +680,18 @@ impl World {
             );
             if let Event::Tail(t) = ev {
                 assert!(m.recv_tail() >= t, "rank {r} ch {c}: tail {t} not seen");
+            }
+        }
+        if let Some(next) = first {
+            let c = ChannelId(c);
+            let a = match next {
+                Next::Exec => Action::Exec(st.engine.pending(c).expect("the exec is pending")),
+                Next::ReturnCredit { head } => Action::ReturnCredit { head },
+                Next::Done => Action::Done,
+            };
+            self.carry(r, c, a);
+            if self.ranks[r as usize].engine.is_idle() {
+                self.finish_call(r);
             }
         }
     }
