@@ -99,6 +99,20 @@ impl Sync {
             }
             .unwrap();
             assert_eq!(desc.seq, seq);
+            if tree {
+                // Each channel's machine runs over the connections its
+                // tree gives this rank: up unless the root, a child's each.
+                for c in 0..tplan.channels() {
+                    let p = UniformTree::for_channel(nodes, gpus, ChannelId(c as u8))
+                        .peers(Rank(r))
+                        .unwrap();
+                    let want = (0..p.n_down()).fold(u8::from(p.up.is_some()), |m, i| {
+                        m | 1 << TreeConn::Down(i as u8).index()
+                    });
+                    let m = e.tree_machine(ChannelId(c as u8)).unwrap();
+                    assert_eq!(m.present(), want, "rank {r} channel {c}");
+                }
+            }
         }
         let mut rounds = 0;
         while self.engines.iter().any(|e| !e.is_idle()) {
@@ -558,6 +572,62 @@ fn a_middle_rank_names_the_child_it_waits_credit_from() {
     e.handle_tree(0, c, down, Event::Head(slices)).unwrap();
     assert_eq!(e.poll_tree(), Ok(Some((c, TreeAction::Done))));
     assert!(e.is_idle());
+}
+
+#[test]
+fn a_credit_may_return_while_its_slice_still_runs() {
+    // A transport posts a slice's data before its exec is done, so the
+    // peer's credit for it may come first: one slice ahead of what was
+    // sent, on the connection a running exec sends on, and on no other.
+    let c = ChannelId(0);
+    // The leaf of a 2-rank tree sends its first slice up.
+    let mut e = engine(1);
+    start(&mut e).unwrap();
+    let Ok(Some((_, TreeAction::Exec(x)))) = e.poll_tree() else {
+        panic!("the leaf sends first");
+    };
+    assert_eq!(e.handle_tree(0, c, TreeConn::Up, Event::Head(1)), Ok(()));
+    e.handle_tree_exec_done(0, c, x.dir).unwrap();
+    let up = e.tree_machine(c).unwrap().links()[0];
+    assert_eq!((up.send_head, up.send_next), (1, 1));
+    // Two slices ahead is one too many.
+    let mut e = engine(1);
+    start(&mut e).unwrap();
+    assert!(matches!(e.poll_tree(), Ok(Some((_, TreeAction::Exec(_))))));
+    let got = e
+        .handle_tree(0, c, TreeConn::Up, Event::Head(2))
+        .unwrap_err();
+    assert_eq!(
+        got.core(),
+        Some(Error::Protocol(ProtocolViolation::HeadAhead))
+    );
+    // The middle rank of a 1-node, 3-rank chain, its up-stream sending to
+    // the root: a credit from the leaf, to whom nothing was sent, is
+    // refused.
+    let mut e: Eng = engine(1);
+    let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
+    let plan = TreePlan::new(16, DataType::F32, 3, 1, 16).unwrap();
+    let desc = e
+        .start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
+        .unwrap();
+    let down = TreeConn::Down(0);
+    e.handle_tree(0, c, down, Event::Header { step: 0, desc })
+        .unwrap();
+    e.handle_tree(0, c, down, Event::Tail(1)).unwrap();
+    let exec = loop {
+        match e.poll_tree().unwrap() {
+            Some((_, TreeAction::Exec(x))) => break x,
+            Some((_, TreeAction::ReturnCredit { .. })) => {}
+            other => panic!("the middle rank reduces the leaf's slice: {other:?}"),
+        }
+    };
+    assert!(exec.send[TreeConn::Up.index()].is_some(), "sent up");
+    assert!(exec.send[down.index()].is_none(), "nothing down");
+    let got = e.handle_tree(0, c, down, Event::Head(1)).unwrap_err();
+    assert_eq!(
+        got.core(),
+        Some(Error::Protocol(ProtocolViolation::HeadAhead))
+    );
 }
 
 #[test]

@@ -254,7 +254,6 @@ pub struct Machine<M> {
     /// `current` holds a step not yet fully run.
     has_current: bool,
     header_ok: bool,
-    header_sent: bool,
     /// A `ReturnCredit` for `recv_next` is due.
     credit_due: bool,
     /// `early_header` is set.
@@ -337,7 +336,6 @@ impl<M: RingOrder> Machine<M> {
             phase: Phase::Idle,
             has_current: false,
             header_ok: false,
-            header_sent: false,
             credit_due: false,
             has_early: false,
             current: Step {
@@ -611,9 +609,6 @@ impl<M: RingOrder> Machine<M> {
             self.credit_due = true;
         }
         if p.contains(Primitive::SEND) {
-            if self.send_next == self.send_start {
-                self.header_sent = true;
-            }
             self.send_next = self.send_next.saturating_add(sps);
         }
         self.slice = self.slice.saturating_add(1);
@@ -666,8 +661,10 @@ impl<M: RingOrder> Machine<M> {
             step: self.send_next,
             slots: sps,
         });
+        // The call's first send carries its header (later sends start
+        // past `send_start`: `send_next` only grows).
         let header = match send {
-            Some(s) if !self.header_sent && s.step == self.send_start => Some(self.call),
+            Some(s) if s.step == self.send_start => Some(self.call),
             _ => None,
         };
         let (lo, hi) = super::slice_range(step.count, self.slice_elems, u64::from(self.slice));
