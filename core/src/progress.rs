@@ -4,7 +4,8 @@
 //! A backend owns one [`Engine`] per rank and does three things only: it
 //! turns what its hardware reports into [`Event`]s ([`Engine::handle`]),
 //! carries out the [`Action`]s the engine hands out ([`Engine::poll`]; or,
-//! driving one channel at a time, [`Engine::poll_channel`]), and
+//! driving one channel at a time, [`Engine::poll_channel`], with an
+//! event's first poll in [`Engine::handle_poll`]), and
 //! waits — until its next completion or the engine's deadline
 //! ([`Engine::poll_timeout`], then [`Engine::handle_timeout`]). Everything
 //! else lives here: a [`Machine`] per channel (the only place one is

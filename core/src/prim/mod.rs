@@ -211,35 +211,16 @@ mod finalize_tests {
     #[test]
     fn only_a_reducing_step_combines_incoming_and_local() {
         let (inc, loc) = (6i32.to_ne_bytes(), 2i32.to_ne_bytes());
-        for p in [
-            Primitive::RECV_COPY_SEND,
-            Primitive::RECV_ONLY,
-            Primitive::RECV.union(Primitive::SEND),
+        for (p, want) in [
+            (Primitive::RECV_COPY_SEND, 6),
+            (Primitive::RECV_ONLY, 6),
+            (Primitive::RECV.union(Primitive::SEND), 6),
+            (Primitive::RECV_REDUCE_SEND, 8),
         ] {
             let mut out = [0u8; 4];
-            slice_result(
-                p,
-                DataType::I32,
-                ReduceOp::Sum,
-                4,
-                Some(&inc),
-                Some(&loc),
-                &mut out,
-            )
-            .unwrap();
-            assert_eq!(i32::from_ne_bytes(out), 6, "{p}");
+            let (dt, op) = (DataType::I32, ReduceOp::Sum);
+            slice_result(p, dt, op, 4, Some(&inc), Some(&loc), &mut out).unwrap();
+            assert_eq!(i32::from_ne_bytes(out), want, "{p}");
         }
-        let mut out = [0u8; 4];
-        slice_result(
-            Primitive::RECV_REDUCE_SEND,
-            DataType::I32,
-            ReduceOp::Sum,
-            4,
-            Some(&inc),
-            Some(&loc),
-            &mut out,
-        )
-        .unwrap();
-        assert_eq!(i32::from_ne_bytes(out), 8);
     }
 }
