@@ -275,17 +275,14 @@ impl Lanes {
         self.hot.len() as u32
     }
 
-    /// Starts loading what an event of lane `l` touches: the lane, its
-    /// channel's machine and its engine's hot line (their addresses
-    /// computed, not loaded: a load that missed would hold the prefetch
-    /// up).
+    /// Starts loading what an event of lane `l` touches: the lane and its
+    /// channel's machine (addresses computed, not loaded: a load that
+    /// missed would hold the prefetch up).
     #[inline(always)]
     pub fn prefetch(&self, l: u32) {
         self.prefetch_lane(l);
         let (c, rank) = self.split.split(l);
         // Never dereferenced: a hint (an address past the end is harmless).
-        let engine = self.engines.as_ptr().wrapping_add(rank as usize);
-        crate::cachehint::prefetch_addr(engine as usize, 1);
         let index = (rank as usize)
             .wrapping_mul(self.per_rank)
             .wrapping_add(c as usize);
@@ -293,9 +290,9 @@ impl Lanes {
         crate::cachehint::prefetch_addr(self.channels.wrapping_add(offset), MACHINE_HOT_LINES);
     }
 
-    /// Starts loading lane `l` (what a credit's arrival touches).
+    /// Starts loading lane `l`.
     #[inline(always)]
-    pub fn prefetch_lane(&self, l: u32) {
+    fn prefetch_lane(&self, l: u32) {
         if let Some(lane) = self.hot.get(l as usize) {
             crate::cachehint::prefetch(lane, 2);
         }
