@@ -2,7 +2,7 @@
 //! and never panics.
 
 use ringcc_core::fifo::FifoGeometry;
-use ringcc_core::prim::{check_start, Action, LinkState, Machine};
+use ringcc_core::prim::{check_start, Action, Blocked, LinkState, Machine};
 use ringcc_core::{
     CallDesc, ChannelId, Collective, DataType, Error, InOrderRing, Plan, ProtocolViolation, Rank,
     ReduceOp,
@@ -413,4 +413,30 @@ fn only_the_calls_last_credit_has_no_receives_ahead() {
         );
         assert!(!m.receives_ahead());
     }
+}
+
+#[test]
+fn a_receive_only_step_with_its_data_in_is_ready() {
+    // The last rank of a 2-rank Broadcast only receives: once its data is
+    // in, it waits for nothing — not for credit, though its send window is
+    // full of an earlier call's slices not yet consumed.
+    let bcast = ringcc_core::Call::broadcast(16, DataType::F32, Rank(0));
+    let plan = bcast.plan(2, 1, 64).unwrap();
+    let steps = plan
+        .steps(ChannelId(0), Rank(1), InOrderRing { ranks: 2 })
+        .unwrap();
+    let desc = bcast.desc(0);
+    let full = LinkState {
+        send_next: ringcc_core::fifo::STEPS,
+        ..LinkState::default()
+    };
+    let mut m = Machine::new(desc, steps, FifoGeometry::new(32, 1).unwrap(), full).unwrap();
+    assert_eq!(m.poll_action().unwrap(), None);
+    assert_eq!(m.blocked_on(), Blocked::Data { tail: 0, need: 1 });
+    m.handle_header(0, desc).unwrap();
+    m.handle_tail(1).unwrap();
+    assert_eq!(m.blocked_on(), Blocked::Ready);
+    assert!(!m.waits_for_credit());
+    let e = exec(&mut m);
+    assert_eq!((e.recv.map(|r| r.step), e.send), (Some(0), None));
 }
