@@ -440,3 +440,29 @@ fn a_receive_only_step_with_its_data_in_is_ready() {
     let e = exec(&mut m);
     assert_eq!((e.recv.map(|r| r.step), e.send), (Some(0), None));
 }
+
+#[test]
+fn with_its_last_credit_in_a_finished_sender_waits_no_more() {
+    // The root of a 2-rank Broadcast sends its slices, then waits for the
+    // credit that says they were consumed; once it is in, it waits for
+    // nothing, and its next poll ends the call.
+    let bcast = ringcc_core::Call::broadcast(16, DataType::F32, Rank(0));
+    let plan = bcast.plan(2, 1, 64).unwrap();
+    let steps = plan
+        .steps(ChannelId(0), Rank(0), InOrderRing { ranks: 2 })
+        .unwrap();
+    let geometry = FifoGeometry::new(32, 1).unwrap();
+    let mut m = Machine::new(bcast.desc(0), steps, geometry, LinkState::default()).unwrap();
+    let mut sent = 0;
+    while let Some(Action::Exec(e)) = m.poll_action().unwrap() {
+        sent = e.send.expect("the root only sends").end();
+        m.handle_exec_done().unwrap();
+    }
+    assert_eq!(sent, 2);
+    assert!(m.waits_for_credit());
+    assert_eq!(m.blocked_on(), Blocked::Credit { head: 0, need: 2 });
+    m.handle_head(sent).unwrap();
+    assert!(!m.waits_for_credit());
+    assert_eq!(m.blocked_on(), Blocked::Ready);
+    assert_eq!(m.poll_action().unwrap(), Some(Action::Done));
+}

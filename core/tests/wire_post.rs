@@ -74,7 +74,15 @@ fn first_slice_is_header_then_write_with_imm() {
     assert_eq!(w.data_len(), 4000);
     assert_eq!(w.remote_offset(), 512 * 1024);
     assert_eq!(w.imm(), 11);
-    let wrs: Vec<WorkRequest<2>> = w.collect();
+    let want = CallHeaderRepr {
+        desc: desc(),
+        step: 9,
+    };
+    assert_eq!(w.header(), Some(&want), "the header still to be written");
+    let mut w = w;
+    let first = w.next().expect("the header's write");
+    assert_eq!(w.header(), None, "written");
+    let wrs: Vec<WorkRequest<2>> = core::iter::once(first).chain(w).collect();
 
     // 1. Inline RDMA WRITE of the call header into the mailbox, unsignaled.
     let h = &wrs[0];
