@@ -292,7 +292,9 @@ fn a_rank_waiting_for_data_says_so_at_its_deadline() {
     assert_eq!(s, want);
     let text = EngineError::Timeout(s).to_string();
     assert!(
-        text.contains("rank 0 call 0: channel 0 waits for data"),
+        text.contains(
+            "rank 0 call 0: channel 0 waits for data from its predecessor (tail 0, needs 1)"
+        ),
         "{text}"
     );
     // Rank 1 never started: no deadline, nothing to report.
