@@ -418,19 +418,13 @@ impl Sim {
             return;
         }
         let (rank, c) = (lane.t.rank, ChannelId(lane.t.channel as u8));
-        self.drive_running(l, rank, c);
-    }
-
-    /// [`drive`](Sim::drive) of a lane known to run, on `rank`'s channel
-    /// `c` (what the events that just fed it have read already).
-    #[inline(always)]
-    fn drive_running(&mut self, l: u32, rank: u32, c: ChannelId) {
         self.drive_with(l, rank, c, None);
     }
 
-    /// [`drive_running`](Sim::drive_running), handing the engine `event`
-    /// on the channel first (after the credits that have arrived), with
-    /// its first poll.
+    /// [`drive`](Sim::drive) of a lane known to run, on `rank`'s channel
+    /// `c` (what the event that called it has read already), handing the
+    /// engine `event` on the channel first (after the credits that have
+    /// arrived), with its first poll.
     #[inline(always)]
     fn drive_with(&mut self, l: u32, rank: u32, c: ChannelId, event: Option<Event>) {
         let now = self.events.now();

@@ -671,8 +671,6 @@ fn impossible_counters_on_a_running_channel_poison() {
     assert_poisoned(&mut e, err);
 }
 
-// ---- calls over different channel counts -------------------------------
-
 #[test]
 fn a_finished_channel_that_fails_between_calls_says_so() {
     // After a call, an impossible event for the next one fails the
@@ -734,6 +732,8 @@ fn an_event_with_its_first_poll_counts_as_progress() {
         })
     );
 }
+
+// ---- calls over different channel counts -------------------------------
 
 fn empty(seq: u64) -> CallDesc {
     Call::all_reduce(0, DataType::I8, ReduceOp::Sum).desc(seq)

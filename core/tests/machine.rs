@@ -415,22 +415,29 @@ fn only_the_calls_last_credit_has_no_receives_ahead() {
     }
 }
 
+/// Rank `rank`'s machine for a 2-rank Broadcast of 16 floats from rank 0
+/// (two 32-byte slices), starting from `link`, and the call's header.
+fn broadcast_machine(rank: u32, link: LinkState) -> (Machine<InOrderRing>, CallDesc) {
+    let bcast = ringcc_core::Call::broadcast(16, DataType::F32, Rank(0));
+    let plan = bcast.plan(2, 1, 64).unwrap();
+    let steps = plan
+        .steps(ChannelId(0), Rank(rank), InOrderRing { ranks: 2 })
+        .unwrap();
+    let desc = bcast.desc(0);
+    let geometry = FifoGeometry::new(32, 1).unwrap();
+    (Machine::new(desc, steps, geometry, link).unwrap(), desc)
+}
+
 #[test]
 fn a_receive_only_step_with_its_data_in_is_ready() {
     // The last rank of a 2-rank Broadcast only receives: once its data is
     // in, it waits for nothing — not for credit, though its send window is
     // full of an earlier call's slices not yet consumed.
-    let bcast = ringcc_core::Call::broadcast(16, DataType::F32, Rank(0));
-    let plan = bcast.plan(2, 1, 64).unwrap();
-    let steps = plan
-        .steps(ChannelId(0), Rank(1), InOrderRing { ranks: 2 })
-        .unwrap();
-    let desc = bcast.desc(0);
     let full = LinkState {
         send_next: ringcc_core::fifo::STEPS,
         ..LinkState::default()
     };
-    let mut m = Machine::new(desc, steps, FifoGeometry::new(32, 1).unwrap(), full).unwrap();
+    let (mut m, desc) = broadcast_machine(1, full);
     assert_eq!(m.poll_action().unwrap(), None);
     assert_eq!(m.blocked_on(), Blocked::Data { tail: 0, need: 1 });
     m.handle_header(0, desc).unwrap();
@@ -446,13 +453,7 @@ fn with_its_last_credit_in_a_finished_sender_waits_no_more() {
     // The root of a 2-rank Broadcast sends its slices, then waits for the
     // credit that says they were consumed; once it is in, it waits for
     // nothing, and its next poll ends the call.
-    let bcast = ringcc_core::Call::broadcast(16, DataType::F32, Rank(0));
-    let plan = bcast.plan(2, 1, 64).unwrap();
-    let steps = plan
-        .steps(ChannelId(0), Rank(0), InOrderRing { ranks: 2 })
-        .unwrap();
-    let geometry = FifoGeometry::new(32, 1).unwrap();
-    let mut m = Machine::new(bcast.desc(0), steps, geometry, LinkState::default()).unwrap();
+    let (mut m, _) = broadcast_machine(0, LinkState::default());
     let mut sent = 0;
     while let Some(Action::Exec(e)) = m.poll_action().unwrap() {
         sent = e.send.expect("the root only sends").end();
