@@ -1,7 +1,7 @@
 //! The calibrated simulator against published `all_reduce_perf` tables
 //! (`data/published/*.json`, each with its source URL): for every table
 //! with a matching preset, simulate the table's sizes with the tuner's
-//! choice (Ring only: the simulator cannot run Tree yet), print the
+//! choice (Ring only for `"nccl_algo": "Ring"` tables), print the
 //! simulated / published ratio per size and a verdict per table, and
 //! assert the targets of issue 18:
 //!
