@@ -140,8 +140,9 @@ pub struct TopoArgs {
     /// Simulator: NVLink hop latency under LL128, µs [default: 1.9; presets 1].
     #[arg(long)]
     pub ll128_nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under LL128, µs [default: 4; p5-efa
-    /// 19.2, p4d-efa 79].
+    /// Simulator: NIC hop latency under LL128, µs [default: 4; dgx-h100
+    /// 16 (calibrated on public multi-node Ring tables), dgx-a100 4,
+    /// p5-efa 19.2, p4d-efa 79].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
     /// Simulator: share of NVLink line rate a ring reaches [default: 1;
