@@ -223,19 +223,23 @@ pub const PRESET_PROXY_LATENCY: f64 = 0.8e-6;
 /// set at 75.0 us"). NCCL's tuner adds it to each network hop.
 pub const EFA_REPORTED_LATENCY: f64 = 75e-6;
 
-/// A network hop under LL128 on the dgx-h100 preset's InfiniBand / RoCE
-/// fabric, seconds (before the per-message proxy latency). Calibrated,
-/// not from NCCL's model (whose `hwLat` says 4 µs): the two public
-/// multi-node `NCCL_ALGO=Ring` tables that cover 1–32 MiB, nccl-tests#309
-/// (2 × 8 H100, InfiniBand) and nccl#1368 (5 × 8 H100, RoCE), are
-/// latency-bound there and spend about 20 µs a network crossing; 16 µs
-/// centres both (their 1–32 MiB busbw ratios go from 1.35–2.45 to
-/// 0.95–1.12; 14 µs gives 1.06–1.24, 18 µs 0.85–1.05). The
+/// A network hop under LL128 on the DGX presets' InfiniBand / RoCE
+/// fabric (dgx-h100, dgx-a100), seconds (before the per-message proxy
+/// latency). Calibrated, not from NCCL's model (whose `hwLat` says 4
+/// µs): the two public multi-node `NCCL_ALGO=Ring` tables that cover 1–32
+/// MiB, nccl-tests#309 (2 × 8 H100, InfiniBand) and nccl#1368 (5 × 8
+/// H100, RoCE), are latency-bound there and spend about 20 µs a network
+/// crossing; 16 µs centres both (their 1–32 MiB busbw ratios go from
+/// 1.35–2.45 to 0.95–1.12; 14 µs gives 1.06–1.24, 18 µs 0.85–1.05). The
 /// default-algorithm rows of three more H100 tables (nccl-tests#309 at 2
 /// and 8 nodes, Voltage Park at 4), which did not choose the figure, move
-/// from 1.4–2.5× too fast at 1–8 MiB to 0.76–1.36. `data/published` and
-/// the README's "Tuning and the calibrated simulator" have the numbers.
-pub const H100_IB_LL128_HOP: f64 = 16e-6;
+/// from 1.4–2.5× too fast at 1–8 MiB to 0.76–1.36. The hop is the NIC's
+/// and NCCL's network proxy's, not the GPU's, so dgx-a100 takes it too:
+/// no A100 Ring table covers 1–32 MiB, but the A100 default-algorithm
+/// rows there (ABCI at 2–16 nodes, OCI at 2) all move closer to the
+/// clusters with it. `data/published` and the README's "Tuning and the
+/// calibrated simulator" have the numbers.
+pub const IB_LL128_HOP: f64 = 16e-6;
 
 /// One network step on p5 / p5e under LL and LL128, seconds: the figure
 /// AWS's own tuner model uses for these instances (aws-ofi-nccl
@@ -313,7 +317,7 @@ impl Preset {
     ///   limit is NCCL's `perChMaxRingLL128Bws` (Hopper 36.7, Ampere 20
     ///   GB/s), the figure the tuner's model uses too.
     /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19), but
-    ///   for dgx-h100's LL128 network hop, [`H100_IB_LL128_HOP`] (16 µs,
+    ///   for the DGX presets' LL128 network hop, [`IB_LL128_HOP`] (16 µs,
     ///   calibrated on public multi-node Ring tables).
     /// - EFA: AWS's instance documentation (p5: 3200 Gb/s per instance;
     ///   p4d / p4de: 4 × 100 Gb/s). Its latencies come from AWS's network
@@ -367,7 +371,7 @@ impl Preset {
                         },
                         ll128: HopLatency {
                             nvlink: 1.0e-6,
-                            nic: if efa { step } else { H100_IB_LL128_HOP },
+                            nic: if efa { step } else { IB_LL128_HOP },
                         },
                         nic_message_overhead: if efa { 1e-6 } else { 0.0 },
                         launch_latency: PRESET_LAUNCH_LATENCY,
@@ -405,7 +409,7 @@ impl Preset {
                         },
                         ll128: HopLatency {
                             nvlink: 1.0e-6,
-                            nic: 4e-6 + extra,
+                            nic: IB_LL128_HOP + extra,
                         },
                         nic_message_overhead: if efa { 1e-6 } else { 0.0 },
                         launch_latency: PRESET_LAUNCH_LATENCY,

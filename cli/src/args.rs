@@ -141,8 +141,8 @@ pub struct TopoArgs {
     #[arg(long)]
     pub ll128_nvlink_us: Option<f64>,
     /// Simulator: NIC hop latency under LL128, µs [default: 4; dgx-h100
-    /// 16 (calibrated on public multi-node Ring tables), dgx-a100 4,
-    /// p5-efa 19.2, p4d-efa 79].
+    /// and dgx-a100 16 (calibrated on public multi-node Ring tables),
+    /// p5-efa 19.2, p4d-efa 91].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
     /// Simulator: share of NVLink line rate a ring reaches [default: 1;
