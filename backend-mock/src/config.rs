@@ -229,23 +229,34 @@ pub const EFA_REPORTED_LATENCY: f64 = 75e-6;
 /// µs): the two public multi-node `NCCL_ALGO=Ring` tables that cover 1–32
 /// MiB, nccl-tests#309 (2 × 8 H100, InfiniBand) and nccl#1368 (5 × 8
 /// H100, RoCE), are latency-bound there and spend about 20 µs a network
-/// crossing; 16 µs centres both (their 1–32 MiB busbw ratios go from
-/// 1.35–2.45 to 0.95–1.12; 14 µs gives 1.06–1.24, 18 µs 0.85–1.05). The
-/// default-algorithm rows of three more H100 tables (nccl-tests#309 at 2
-/// and 8 nodes, Voltage Park at 4), which did not choose the figure, move
-/// from 1.4–2.5× too fast at 1–8 MiB to 0.76–1.36. The hop is the NIC's
-/// and NCCL's network proxy's, not the GPU's, so dgx-a100 takes it too:
-/// no A100 Ring table covers 1–32 MiB, but the A100 default-algorithm
-/// rows there (ABCI at 2–16 nodes, OCI at 2) all move closer to the
-/// clusters with it. `data/published` and the README's "Tuning and the
-/// calibrated simulator" have the numbers.
-pub const IB_LL128_HOP: f64 = 16e-6;
+/// crossing; 18 µs centres both (their 1–64 MiB busbw ratios go from
+/// 1.35–2.45 with 4 µs to 0.90–1.14). The default-algorithm rows of three
+/// more H100 tables (nccl-tests#309 at 2 and 8 nodes, Voltage Park at 4),
+/// which did not choose the figure, move from 1.4–2.5× too fast at 1–8
+/// MiB to about 0.8–1.3. The hop is the NIC's and NCCL's network proxy's,
+/// not the GPU's, so dgx-a100 takes it too: no A100 Ring table covers
+/// 1–32 MiB, but the A100 default-algorithm rows there (ABCI at 2–16
+/// nodes, OCI at 2) all move closer to the clusters with it.
+/// `data/published` and the README's "Tuning and the calibrated
+/// simulator" have the numbers and the sweep.
+pub const IB_LL128_HOP: f64 = 18e-6;
 
-/// One network step on p5 / p5e under LL and LL128, seconds: the figure
-/// AWS's own tuner model uses for these instances (aws-ofi-nccl
-/// `src/tuner/nccl_ofi_model.cpp`: `net_lat = 20.0` µs per inter-node
-/// step, replacing NCCL's network hop latency).
-pub const EFA_P5_STEP: f64 = 20e-6;
+/// A network hop under LL on the same presets, seconds: between NCCL's
+/// `hwLat` for Ring/LL (2.7 µs) and Tree/LL (5 µs) — the simulator has
+/// one hop for both algorithms, and the default 8 B rows run Tree/LL.
+/// Checked on the published 8 B rows (ABCI 2–16 nodes, nccl#652 at 32,
+/// nccl#1469 at 16, Voltage Park at 4): 4 µs puts all of them within
+/// 0.74–1.18; 3 µs leaves ABCI's 2-node row at 0.68, 5 µs pushes
+/// nccl#652's to 1.34.
+pub const IB_LL_HOP: f64 = 4e-6;
+
+/// One network step on p5 / p5e under LL and LL128, seconds (hop plus
+/// proxy). Calibrated: AWS's own tuner model for these instances
+/// (aws-ofi-nccl `src/tuner/nccl_ofi_model.cpp`: `net_lat = 20.0` µs per
+/// inter-node step, replacing NCCL's network hop latency) puts the two
+/// public p5 8 B rows (69.1 and 85.7 µs, 2 nodes) at 0.82 and 0.66 of
+/// their clusters here; 24 µs puts them at 0.93 and 0.75.
+pub const EFA_P5_STEP: f64 = 24e-6;
 
 /// What the same model adds to a network step under Simple, seconds
 /// (aws-ofi-nccl `TUNER_NET_COMP_OVERHEAD`, 3 µs: "~2µsec cost in the
@@ -317,14 +328,15 @@ impl Preset {
     ///   limit is NCCL's `perChMaxRingLL128Bws` (Hopper 36.7, Ampere 20
     ///   GB/s), the figure the tuner's model uses too.
     /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19), but
-    ///   for the DGX presets' LL128 network hop, [`IB_LL128_HOP`] (16 µs,
-    ///   calibrated on public multi-node Ring tables).
+    ///   for the DGX presets' network hops, [`IB_LL128_HOP`] (18 µs,
+    ///   calibrated on public multi-node Ring tables) and [`IB_LL_HOP`] (4
+    ///   µs, between NCCL's Ring/LL and Tree/LL figures).
     /// - EFA: AWS's instance documentation (p5: 3200 Gb/s per instance;
     ///   p4d / p4de: 4 × 100 Gb/s). Its latencies come from AWS's network
     ///   plugin, aws-ofi-nccl: on p5 a network step (hop plus proxy) takes
-    ///   [`EFA_P5_STEP`] (20 µs) under LL / LL128 and 3 µs more under
-    ///   Simple ([`EFA_P5_SIMPLE_EXTRA`]), the figures of AWS's tuner
-    ///   model for p5; on p4d the plugin's reported latency
+    ///   [`EFA_P5_STEP`] (24 µs, calibrated; AWS's tuner model for p5 says
+    ///   20) under LL / LL128 and 3 µs more under Simple
+    ///   ([`EFA_P5_SIMPLE_EXTRA`], AWS's model); on p4d the plugin's reported latency
     ///   ([`EFA_REPORTED_LATENCY`], 75 µs) is added to every NIC hop, as
     ///   NCCL's model adds it (p4d has no AWS tuner model). Both presets
     ///   report 75 µs to the tuner, as the plugin does to NCCL. A message
@@ -367,7 +379,7 @@ impl Preset {
                         ll128_channel_bandwidth: Some(GpuGen::Hopper.ring_ll128_cap(nodes) * 1e9),
                         ll: HopLatency {
                             nvlink: 0.3e-6,
-                            nic: if efa { step } else { 3e-6 },
+                            nic: if efa { step } else { IB_LL_HOP },
                         },
                         ll128: HopLatency {
                             nvlink: 1.0e-6,
@@ -405,7 +417,7 @@ impl Preset {
                         ll128_channel_bandwidth: Some(GpuGen::Ampere.ring_ll128_cap(nodes) * 1e9),
                         ll: HopLatency {
                             nvlink: 0.3e-6,
-                            nic: 3e-6 + extra,
+                            nic: IB_LL_HOP + extra,
                         },
                         ll128: HopLatency {
                             nvlink: 1.0e-6,

@@ -608,6 +608,7 @@ impl Sim {
             return;
         }
         let t = lane.t;
+        self.run.last_exec = self.run.last_exec.max(self.events.now());
         // Only a slice sent over RDMA needs its exec after it is done.
         let exec = match t.hop {
             Hop::Net { .. } => engine.pending(t.channel_id()).filter(|e| e.send.is_some()),

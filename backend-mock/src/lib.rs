@@ -116,8 +116,8 @@ use std::io::{self, Write};
 
 pub use config::{
     Calibration, ClusterConfig, GpuModel, HopLatency, LinkModel, Preset, RnicModel,
-    EFA_P5_SIMPLE_EXTRA, EFA_P5_STEP, EFA_REPORTED_LATENCY, IB_LL128_HOP, MAX_BANDWIDTH, MAX_RANKS,
-    MIN_BANDWIDTH, PRESET_LAUNCH_LATENCY, PRESET_PROXY_LATENCY,
+    EFA_P5_SIMPLE_EXTRA, EFA_P5_STEP, EFA_REPORTED_LATENCY, IB_LL128_HOP, IB_LL_HOP, MAX_BANDWIDTH,
+    MAX_RANKS, MIN_BANDWIDTH, PRESET_LAUNCH_LATENCY, PRESET_PROXY_LATENCY,
 };
 pub use error::Error;
 pub use fabric::LinkKind;

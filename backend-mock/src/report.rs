@@ -111,8 +111,13 @@ pub struct RunReport {
     pub ranks: Vec<Result<(), Error>>,
     /// Virtual time the run started, seconds.
     pub start: f64,
-    /// Virtual time the last rank finished (or failed), seconds.
+    /// Virtual time the call ended, seconds: its last copy or reduction
+    /// on any rank (an NCCL kernel returns then, without waiting for the
+    /// final credits), or, if a rank failed, when the run stopped.
     pub end: f64,
+    /// Virtual time every lane had finished, final credits included,
+    /// seconds: where the next call starts.
+    pub settled: f64,
     /// Events processed by the run.
     pub events: u64,
 }

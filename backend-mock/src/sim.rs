@@ -68,6 +68,11 @@ pub(crate) struct RunCtx {
     pub staggered: bool,
     /// When each rank's kernel starts (staggered runs only).
     pub launch_at: Vec<Ps>,
+    /// When the last exec of the run so far finished: where the call ends,
+    /// as an NCCL kernel returns after its last copy or reduction without
+    /// waiting for the final credits (the next call's sends find their
+    /// slots freed long before they need them).
+    pub last_exec: Ps,
 }
 
 impl RunCtx {
@@ -541,6 +546,7 @@ impl Sim {
         self.run.active = true;
         self.run.finished = 0;
         self.run.aborts_in_flight = 0;
+        self.run.last_exec = now;
         for rs in &mut self.ranks {
             rs.error = None;
             rs.aborted = None;
@@ -812,10 +818,19 @@ impl Sim {
             self.aborted = first.or_else(|| results.iter().find_map(|r| r.clone().err()));
         }
         self.update_stats();
+        let settled = self.events.now();
+        // A successful call ends with its last exec; a failed one when the
+        // run stopped.
+        let end = if results.iter().all(Result::is_ok) {
+            self.run.last_exec.clamp(start, settled)
+        } else {
+            settled
+        };
         RunReport {
             ranks: results,
             start: secs(start),
-            end: secs(self.events.now()),
+            end: secs(end),
+            settled: secs(settled),
             events: self.events.processed() - start_events,
         }
     }

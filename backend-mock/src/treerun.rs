@@ -201,7 +201,10 @@ impl Sim {
         let now = self.events.now();
         let engine = &mut self.lanes.engines[m.rank as usize];
         let handled = match m.event {
-            Event::ExecDone => engine.handle_tree_exec_done(now, ChannelId(m.channel), m.dir),
+            Event::ExecDone => {
+                self.run.last_exec = self.run.last_exec.max(now);
+                engine.handle_tree_exec_done(now, ChannelId(m.channel), m.dir)
+            }
             ev => engine.handle_tree(now, ChannelId(m.channel), m.conn, ev),
         };
         if let Err(e) = handled {
