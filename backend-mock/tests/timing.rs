@@ -409,3 +409,33 @@ fn ll128_channel_limit_is_its_own() {
         "LL128, own limit {own}: {gain}"
     );
 }
+
+/// A call ends at its last copy or reduction (`end`), as an NCCL kernel
+/// returns without waiting for the credits of its last messages; the run
+/// goes on until they are back (`settled`) and the next call starts
+/// there. Across two nodes the last credit crosses the network after the
+/// last exec, so `settled` is at least one network hop later; a longer
+/// hop lengthens a small call by its crossings of the data only.
+#[test]
+fn a_call_ends_at_its_last_exec_not_its_last_credit() {
+    use ringcc_core::Protocol;
+    let small = |hop: f64| {
+        let mut cfg = timing(2, 1, 1, 1);
+        cfg.calibration.ll.nic = hop;
+        let mut c = Cluster::new(cfg).unwrap();
+        c.set_protocol(Protocol::Ll).unwrap();
+        let call = f32_call(Collective::AllReduce, 8);
+        let a = c.run(&[call; 2], &mut [], false).unwrap();
+        let b = c.run(&[call; 2], &mut [], false).unwrap();
+        assert!(a.ok() && b.ok());
+        assert!(a.start < a.end && a.end < a.settled && a.settled <= b.start);
+        assert!(a.settled - a.end >= hop, "{a:?}");
+        assert_eq!(c.now(), b.settled);
+        b.duration()
+    };
+    // Two ranks, one in each node: the data crosses the network twice
+    // (reduce-scatter, then all-gather); the final credit would be a third
+    // crossing.
+    let (short, long) = (small(2e-6), small(12e-6));
+    assert!(close(long - short, 2.0 * 10e-6, 1e-3), "{short} {long}");
+}
