@@ -127,14 +127,14 @@ pub struct TopoArgs {
     #[arg(long)]
     pub nvlink_us: Option<f64>,
     /// Simulator: NIC hop latency under Simple, µs [default: 5; p5-efa
-    /// 26.2, p4d-efa 80].
+    /// 32.2, p4d-efa 80].
     #[arg(long)]
     pub nic_us: Option<f64>,
     /// Simulator: NVLink hop latency under LL, µs [default: 0.6; presets 0.3].
     #[arg(long)]
     pub ll_nvlink_us: Option<f64>,
     /// Simulator: NIC hop latency under LL, µs [default: 2.7; dgx-h100 and
-    /// dgx-a100 4, p5-efa 23.2 (calibrated), p4d-efa 79].
+    /// dgx-a100 4, p5-efa 29.2 (calibrated), p4d-efa 79].
     #[arg(long)]
     pub ll_nic_us: Option<f64>,
     /// Simulator: NVLink hop latency under LL128, µs [default: 1.9; presets 1].
@@ -142,7 +142,7 @@ pub struct TopoArgs {
     pub ll128_nvlink_us: Option<f64>,
     /// Simulator: NIC hop latency under LL128, µs [default: 4; dgx-h100
     /// and dgx-a100 18 (calibrated on public multi-node Ring tables),
-    /// p5-efa 23.2, p4d-efa 93].
+    /// p5-efa 29.2, p4d-efa 93].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
     /// Simulator: share of NVLink line rate a ring reaches [default: 1;
