@@ -233,7 +233,7 @@ pub const EFA_REPORTED_LATENCY: f64 = 75e-6;
 /// 1.35–2.45 with 4 µs to 0.90–1.14). The default-algorithm rows of three
 /// more H100 tables (nccl-tests#309 at 2 and 8 nodes, Voltage Park at 4),
 /// which did not choose the figure, move from 1.4–2.5× too fast at 1–8
-/// MiB to about 0.8–1.3. The hop is the NIC's and NCCL's network proxy's,
+/// MiB to 0.75–1.32. The hop is the NIC's and NCCL's network proxy's,
 /// not the GPU's, so dgx-a100 takes it too: no A100 Ring table covers
 /// 1–32 MiB, but the A100 default-algorithm rows there (ABCI at 2–16
 /// nodes, OCI at 2) all move closer to the clusters with it.
