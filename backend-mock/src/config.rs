@@ -338,9 +338,10 @@ impl Preset {
     ///   plugin, aws-ofi-nccl: on p5 a network step (hop plus proxy) takes
     ///   [`EFA_P5_STEP`] (30 µs, calibrated; AWS's tuner model for p5 says
     ///   20) under LL / LL128 and 3 µs more under Simple
-    ///   ([`EFA_P5_SIMPLE_EXTRA`], AWS's model); on p4d the plugin's reported latency
-    ///   ([`EFA_REPORTED_LATENCY`], 75 µs) is added to every NIC hop, as
-    ///   NCCL's model adds it (p4d has no AWS tuner model). Both presets
+    ///   ([`EFA_P5_SIMPLE_EXTRA`], AWS's model); on p4d the plugin's
+    ///   reported latency ([`EFA_REPORTED_LATENCY`], 75 µs) is added to
+    ///   every NIC hop, as NCCL's model adds it (p4d has no AWS tuner
+    ///   model). Both presets
     ///   report 75 µs to the tuner, as the plugin does to NCCL. A message
     ///   also holds its port 1 µs (an assumption, not measured).
     /// - Launch and proxy latencies: [`PRESET_LAUNCH_LATENCY`] (nccl-tests

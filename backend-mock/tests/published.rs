@@ -39,7 +39,7 @@
 //! `launches_per_thread`, and `rows` of `size`, `time_us`, `algbw`,
 //! `busbw`), and reports without asserting, as a sweep does.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ringcc_core::{Collective, DataType, ReduceOp};
 use ringcc_mock::{Call, Cluster, ClusterConfig, Preset};
@@ -52,12 +52,9 @@ const LATENCY_TOLERANCE: f64 = 0.30;
 /// The sizes the Ring target covers.
 const RING_SIZES: std::ops::RangeInclusive<u64> = (1 << 20)..=(8 << 30);
 
-fn tables() -> Vec<(String, Value)> {
-    let dir = match std::env::var_os("RINGCC_PUBLISHED_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/published"),
-    };
-    let mut out: Vec<_> = std::fs::read_dir(&dir)
+/// Every `*.json` table in `dir`, by file name.
+fn tables(dir: &Path) -> Vec<(String, Value)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
@@ -187,8 +184,12 @@ enum Target {
 
 #[test]
 fn published_tables() {
-    let tables = tables();
-    let elsewhere = std::env::var_os("RINGCC_PUBLISHED_DIR").is_some();
+    let elsewhere = std::env::var_os("RINGCC_PUBLISHED_DIR").map(PathBuf::from);
+    let dir = elsewhere
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/published"));
+    let tables = tables(&dir);
+    let elsewhere = elsewhere.is_some();
     assert!(
         elsewhere || tables.len() >= 4,
         "data/published holds {}",
