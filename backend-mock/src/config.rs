@@ -150,11 +150,16 @@ pub struct Calibration {
     /// and starts `(l mod launches_per_thread + 1) · launch_latency`
     /// after the call is issued. Default 1 (a process per GPU).
     pub launches_per_thread: u32,
-    /// What NCCL's network proxy adds to every message between nodes (a
-    /// CPU thread sees the GPU's step, posts the RDMA write, and on the
-    /// other side sees its completion), seconds; on top of the hop
-    /// latency, for data and credits alike, under every protocol.
-    /// Default 0.
+    /// What NCCL's network proxy spends on one channel's operation,
+    /// seconds. A CPU thread per rank sees the GPU's step, posts the
+    /// RDMA write, and on the other side sees its completion; it
+    /// progresses every channel's operation in turn (NCCL's
+    /// `ncclProxyProgress` calls each active operation's `progress` once
+    /// per loop), so a message between nodes waits about one sweep —
+    /// half on the sending rank, half on the receiving one. Each message
+    /// between nodes (data and credits alike, under every protocol)
+    /// therefore takes this times the call's channels on top of the hop
+    /// latency. Default 0.
     pub proxy_latency: f64,
     /// The network latency the network plugin reports to NCCL
     /// (`ncclNetProperties_t::latency`), seconds. It feeds the tuner
@@ -211,10 +216,12 @@ impl Calibration {
 /// calibrated simulator" gives the figures and the arithmetic.
 pub const PRESET_LAUNCH_LATENCY: f64 = 4e-6;
 
-/// The presets' per-message network-proxy cost, seconds: what a public
-/// 8 B AllReduce on 2 nodes × 1 A100 (NVIDIA/nccl-tests issue #150)
-/// leaves once the simulator's launch and hops are counted (see the
-/// README's "Tuning and the calibrated simulator").
+/// The presets' network-proxy cost per channel's operation, seconds:
+/// what a public 8 B AllReduce on 2 nodes × 1 A100 (NVIDIA/nccl-tests
+/// issue #150; one channel) leaves once the simulator's launch and hops
+/// are counted (see the README's "Tuning and the calibrated
+/// simulator"). A message between nodes waits this times the call's
+/// channels ([`Calibration::proxy_latency`]).
 pub const PRESET_PROXY_LATENCY: f64 = 0.8e-6;
 
 /// What aws-ofi-nccl (the EFA network plugin) reports to NCCL as the
@@ -224,22 +231,28 @@ pub const PRESET_PROXY_LATENCY: f64 = 0.8e-6;
 pub const EFA_REPORTED_LATENCY: f64 = 75e-6;
 
 /// A network hop under LL128 on the DGX presets' InfiniBand / RoCE
-/// fabric (dgx-h100, dgx-a100), seconds (before the per-message proxy
-/// latency). Calibrated, not from NCCL's model (whose `hwLat` says 4
-/// µs): the two public multi-node `NCCL_ALGO=Ring` tables that cover 1–32
-/// MiB, nccl-tests#309 (2 × 8 H100, InfiniBand) and nccl#1368 (5 × 8
-/// H100, RoCE), are latency-bound there and spend about 20 µs a network
-/// crossing; 18 µs centres both (their 1–64 MiB busbw ratios go from
-/// 1.35–2.45 with 4 µs to 0.90–1.14). The default-algorithm rows of three
-/// more H100 tables (nccl-tests#309 at 2 and 8 nodes, Voltage Park at 4),
-/// which did not choose the figure, move from 1.4–2.5× too fast at 1–8
-/// MiB to 0.75–1.32. The hop is the NIC's and NCCL's network proxy's,
-/// not the GPU's, so dgx-a100 takes it too: no A100 Ring table covers
-/// 1–32 MiB, but the A100 default-algorithm rows there (ABCI at 2–16
-/// nodes, OCI at 2) all move closer to the clusters with it.
-/// `data/published` and the README's "Tuning and the calibrated
-/// simulator" have the numbers and the sweep.
-pub const IB_LL128_HOP: f64 = 18e-6;
+/// fabric (dgx-h100, dgx-a100), seconds, before the proxy's sweep
+/// ([`PRESET_PROXY_LATENCY`] per channel: 12.8 µs at the presets' 16
+/// channels). Calibrated: the two public multi-node `NCCL_ALGO=Ring`
+/// tables that cover 1–32 MiB, nccl-tests#309 (2 × 8 H100, InfiniBand)
+/// and nccl#1368 (5 × 8 H100, RoCE), are latency-bound there and spend
+/// about 20 µs a network crossing at 16 channels; a crossing of 18.8 µs
+/// (this 6 µs and the sweep) centres both (their 1–64 MiB busbw ratios go
+/// from 1.35–2.45 with NCCL's `hwLat` of 4 µs and no sweep to 0.90–1.14).
+/// The split between hop and sweep is the proxy's: the sweep's per-channel
+/// figure comes from a 1-channel run (nccl-tests#150), and a 128 × 8 H100
+/// Ring/LL128 run that forced 32 channels (nccl-tests#322) spends the
+/// ~31.6 µs a crossing that 6 + 32 × 0.8 predicts (its 1–8 GiB rows at
+/// 0.95–1.12; with an 18.8 µs crossing at any channel count, 1.35–1.69).
+/// The default-algorithm rows of three more H100 tables (nccl-tests#309
+/// at 2 and 8 nodes, Voltage Park at 4), which did not choose the
+/// figure, move from 1.4–2.5× too fast at 1–8 MiB to 0.75–1.32. The hop
+/// is the NIC's and NCCL's network proxy's, not the GPU's, so dgx-a100
+/// takes it too: no A100 Ring table covers 1–32 MiB, but the A100
+/// default-algorithm rows there (ABCI at 2–16 nodes, OCI at 2) all move
+/// closer to the clusters with it. `data/published` and the README's
+/// "Tuning and the calibrated simulator" have the numbers and the sweep.
+pub const IB_LL128_HOP: f64 = 6e-6;
 
 /// A network hop under LL on the same presets, seconds: between NCCL's
 /// `hwLat` for Ring/LL (2.7 µs) and Tree/LL (5 µs) — the simulator has
@@ -358,8 +371,8 @@ impl Preset {
         match self {
             Preset::DgxH100 | Preset::P5Efa => {
                 let efa = self == Preset::P5Efa;
-                // p5: AWS's step figures, net of the proxy latency the
-                // simulator adds to every message between nodes.
+                // p5: AWS's step figures, net of one channel's proxy
+                // operation (what an 8 B call's one channel adds).
                 let step = EFA_P5_STEP - PRESET_PROXY_LATENCY;
                 ClusterConfig {
                     channels: 16,

@@ -305,7 +305,8 @@ impl Sim {
     }
 
     /// The (NVLink, NIC) hop latencies of the run's protocol, seconds (the
-    /// NIC's with the network proxy's per-message latency).
+    /// NIC's with the network proxy's sweep: see
+    /// [`Calibration::proxy_latency`](crate::config::Calibration::proxy_latency)).
     pub fn protocol_latencies(&self) -> (f64, f64) {
         use ringcc_core::Protocol;
         let k = &self.cfg.calibration;
@@ -314,8 +315,12 @@ impl Sim {
             Protocol::Ll => (k.ll.nvlink, k.ll.nic),
             Protocol::Ll128 => (k.ll128.nvlink, k.ll128.nic),
         };
-        // The network proxy handles every message between nodes.
-        (nvlink, nic + k.proxy_latency)
+        // One proxy thread per rank progresses every channel's network
+        // operation in turn: a message waits about one sweep of them.
+        (
+            nvlink,
+            nic + k.proxy_latency * f64::from(self.used_channels()),
+        )
     }
 
     /// Switches the algorithm of later runs (Tree: AllReduce only; in
@@ -337,6 +342,8 @@ impl Sim {
             });
         }
         self.channels = channels;
+        // The proxy's sweep, and so the NIC hop, depends on the channels.
+        self.apply_protocol();
         Ok(())
     }
 

@@ -17,9 +17,10 @@
 //!
 //! A table's shape comes from the table, not only from the preset:
 //! `gpus_per_node`, and optionally `nics_per_node`, `nic_gbits` (the
-//! NIC's line rate in Gb/s) and `launches_per_thread` (nccl-tests' `-g`:
-//! GPUs one thread launches one after the other; 1 where not given),
-//! override the preset's.
+//! NIC's line rate in Gb/s), `launches_per_thread` (nccl-tests' `-g`:
+//! GPUs one thread launches one after the other; 1 where not given) and
+//! `channels` (a run that forced `NCCL_MIN_NCHANNELS`: the channels the
+//! tuner may use), override the preset's.
 //!
 //! Run: `cargo test -p ringcc-mock --release --test published -- --nocapture`.
 //!
@@ -36,7 +37,7 @@
 //! that folder instead of `data/published` (same format: `source`,
 //! `preset` — `dgx-h100`, `dgx-a100`, `p5-efa` or `p4d-efa` —, `nodes`,
 //! `gpus_per_node`, optionally `nccl_algo`, `nics_per_node`, `nic_gbits`,
-//! `launches_per_thread`, and `rows` of `size`, `time_us`, `algbw`,
+//! `launches_per_thread`, `channels`, and `rows` of `size`, `time_us`, `algbw`,
 //! `busbw`), and reports without asserting, as a sweep does.
 
 use std::path::{Path, PathBuf};
@@ -107,6 +108,9 @@ fn config(preset: Preset, t: &Value) -> ClusterConfig {
     }
     if let Some(g) = t["launches_per_thread"].as_u64() {
         cfg.calibration.launches_per_thread = g as u32;
+    }
+    if let Some(c) = t["channels"].as_u64() {
+        cfg.channels = c as u32;
     }
     cfg
 }
@@ -241,8 +245,8 @@ fn published_tables() {
             t["nccl_algo"].as_str().unwrap_or("(default)")
         );
         println!(
-            "{:>12} {:>11} {:>10} {:>10} {:>9} {:>9} {:>7}",
-            "size", "algo/proto", "pub us", "sim us", "pub busbw", "sim busbw", "ratio"
+            "{:>12} {:>16} {:>10} {:>10} {:>9} {:>9} {:>7}",
+            "size", "algo/proto/ch", "pub us", "sim us", "pub busbw", "sim busbw", "ratio"
         );
         let mut cluster = Cluster::new(cfg).unwrap();
         let (mut t_met, mut t_held, mut t_known, mut t_fail) = (0, 0, 0, 0);
@@ -286,8 +290,13 @@ fn published_tables() {
                 (_, false, None) => format!("  ({what}, OUTSIDE {:.0} %: FAILS)", tol * 100.0),
             };
             println!(
-                "{size:>12} {:>11} {pub_us:>10.1} {:>10.1} {pub_busbw:>9.2} {sim_busbw:>9.2} {ratio:>7.3}{verdict}",
-                format!("{}/{}", choice.algorithm.name(), choice.protocol.name()),
+                "{size:>12} {:>16} {pub_us:>10.1} {:>10.1} {pub_busbw:>9.2} {sim_busbw:>9.2} {ratio:>7.3}{verdict}",
+                format!(
+                    "{}/{}/{}",
+                    choice.algorithm.name(),
+                    choice.protocol.name(),
+                    choice.channels
+                ),
                 secs * 1e6,
             );
             if target == Target::None {

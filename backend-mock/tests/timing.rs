@@ -439,3 +439,38 @@ fn a_call_ends_at_its_last_exec_not_its_last_credit() {
     let (short, long) = (small(2e-6), small(12e-6));
     assert!(close(long - short, 2.0 * 10e-6, 1e-3), "{short} {long}");
 }
+
+/// NCCL's proxy thread progresses every channel's network operation in
+/// turn, so a message between nodes waits one sweep: the proxy's
+/// per-channel cost times the call's channels. Two ranks in two nodes,
+/// LL, every channel carrying data: the call's two network crossings each
+/// take `channels × proxy` more, for the channels the call uses (not the
+/// cluster's), and nothing on NVLink does.
+#[test]
+fn the_proxy_sweeps_the_calls_channels_on_every_network_crossing() {
+    use ringcc_core::Protocol;
+    let duration = |nodes: u32, gpus: u32, proxy: f64, channels: u32| {
+        let mut cfg = timing(nodes, gpus, 1, 4);
+        cfg.calibration.proxy_latency = proxy;
+        let mut c = Cluster::new(cfg).unwrap();
+        c.set_protocol(Protocol::Ll).unwrap();
+        c.set_channels(Some(channels)).unwrap();
+        // 64 floats: every channel's slices carry data on both ranks.
+        let call = f32_call(Collective::AllReduce, 16 * 4 * 4);
+        let n = c.ranks() as usize;
+        let r = c.run(&vec![call; n], &mut [], false).unwrap();
+        assert!(r.ok(), "{:?}", r.first_error());
+        r.duration()
+    };
+    let p = 3e-6;
+    for channels in [1, 2, 4] {
+        let added = duration(2, 1, p, channels) - duration(2, 1, 0.0, channels);
+        let want = 2.0 * f64::from(channels) * p;
+        assert!(
+            close(added, want, 1e-3),
+            "{channels} channels: {added} vs {want}"
+        );
+    }
+    // One node: no message crosses the network, the proxy adds nothing.
+    assert_eq!(duration(1, 2, p, 4), duration(1, 2, 0.0, 4));
+}

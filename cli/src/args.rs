@@ -140,9 +140,9 @@ pub struct TopoArgs {
     /// Simulator: NVLink hop latency under LL128, µs [default: 1.9; presets 1].
     #[arg(long)]
     pub ll128_nvlink_us: Option<f64>,
-    /// Simulator: NIC hop latency under LL128, µs [default: 4; dgx-h100
-    /// and dgx-a100 18 (calibrated on public multi-node Ring tables),
-    /// p5-efa 29.2, p4d-efa 93].
+    /// Simulator: NIC hop latency under LL128, µs, before the proxy's
+    /// sweep [default: 4; dgx-h100 and dgx-a100 6 (calibrated on public
+    /// multi-node Ring tables), p5-efa 29.2, p4d-efa 81].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
     /// Simulator: share of NVLink line rate a ring reaches [default: 1;
@@ -174,8 +174,9 @@ pub struct TopoArgs {
     /// launches [default: 1].
     #[arg(long)]
     pub launches_per_thread: Option<u32>,
-    /// Simulator: the network proxy's time per message between nodes, µs,
-    /// on top of the NIC hop latency [default: 0; presets 0].
+    /// Simulator: the network proxy's time per channel's operation, µs: a
+    /// message between nodes waits one sweep (this × the call's
+    /// channels) on top of the NIC hop latency [default: 0; presets 0.8].
     #[arg(long)]
     pub proxy_us: Option<f64>,
     /// Simulator: the network latency the network plugin reports to NCCL,
