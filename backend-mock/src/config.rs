@@ -270,7 +270,8 @@ pub const IB_LL_HOP: f64 = 4e-6;
 /// public p5 8 B rows (69.1 and 85.7 µs, 2 nodes) at 0.82 and 0.66 of
 /// their clusters here; 30 µs centres them (1.11 and 0.89; 24 µs gives
 /// 0.93 and 0.75, 28 µs 1.05 and 0.85) and moves p5's 1–64 MiB rows from
-/// 1.5–1.7× too fast to 1.3–1.5×.
+/// 1.5–1.7× too fast to 1.3–1.5× (1.00–1.26 with the proxy's sweep over
+/// 16 channels on every crossing).
 pub const EFA_P5_STEP: f64 = 30e-6;
 
 /// What the same model adds to a network step under Simple, seconds
@@ -343,9 +344,10 @@ impl Preset {
     ///   limit is NCCL's `perChMaxRingLL128Bws` (Hopper 36.7, Ampere 20
     ///   GB/s), the figure the tuner's model uses too.
     /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19), but
-    ///   for the DGX presets' network hops, [`IB_LL128_HOP`] (18 µs,
-    ///   calibrated on public multi-node Ring tables) and [`IB_LL_HOP`] (4
-    ///   µs, between NCCL's Ring/LL and Tree/LL figures).
+    ///   for the DGX presets' network hops, [`IB_LL128_HOP`] (6 µs and
+    ///   the proxy's sweep, calibrated on public multi-node Ring tables)
+    ///   and [`IB_LL_HOP`] (4 µs, between NCCL's Ring/LL and Tree/LL
+    ///   figures).
     /// - EFA: AWS's instance documentation (p5: 3200 Gb/s per instance;
     ///   p4d / p4de: 4 × 100 Gb/s). Its latencies come from AWS's network
     ///   plugin, aws-ofi-nccl: on p5 a network step (hop plus proxy) takes
@@ -360,7 +362,9 @@ impl Preset {
     /// - Launch and proxy latencies: [`PRESET_LAUNCH_LATENCY`] (nccl-tests
     ///   issues #123 and #333: what one more GPU per launching thread
     ///   adds) and [`PRESET_PROXY_LATENCY`] (nccl-tests issue #150: 8 B on
-    ///   2 nodes × 1 GPU); one launch per thread (a process per GPU).
+    ///   2 nodes × 1 GPU; per channel's operation, swept over the call's
+    ///   channels on every network crossing); one launch per thread (a
+    ///   process per GPU).
     pub fn config(self, nodes: u32) -> ClusterConfig {
         let base = ClusterConfig {
             nodes,
