@@ -141,8 +141,7 @@ pub struct TopoArgs {
     #[arg(long)]
     pub ll128_nvlink_us: Option<f64>,
     /// Simulator: NIC hop latency under LL128, µs, before the proxy's
-    /// sweep [default: 4; dgx-h100 and dgx-a100 6 (calibrated on public
-    /// multi-node Ring tables), p5-efa 29.2, p4d-efa 81].
+    /// sweep [default: 4 (NCCL's); p5-efa 29.2, p4d-efa 79].
     #[arg(long)]
     pub ll128_nic_us: Option<f64>,
     /// Simulator: share of NVLink line rate a ring reaches [default: 1;
