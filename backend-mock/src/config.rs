@@ -340,11 +340,12 @@ impl Preset {
     ///   `perChMaxRingLL128Bws` for Ampere: 20). Under LL128 a channel's
     ///   limit is NCCL's `perChMaxRingLL128Bws` (Hopper 36.7, Ampere 20
     ///   GB/s), the figure the tuner's model uses too.
-    /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19), but
-    ///   for the DGX presets' LL network hop, [`IB_LL_HOP`] (4 µs,
-    ///   between NCCL's Ring/LL and Tree/LL figures); every network
-    ///   crossing also waits for the proxy's sweep over the call's
-    ///   channels ([`IB_LL128_HOP`]).
+    /// - LL / LL128 hop latencies: NCCL's `hwLat` (tuning.cc, 2.19;
+    ///   [`IB_LL128_HOP`] for the DGX presets' LL128 network hop), but
+    ///   for their LL network hop [`IB_LL_HOP`] (4 µs, between NCCL's
+    ///   Ring/LL and Tree/LL figures); every network crossing also waits
+    ///   for the proxy's sweep over the call's channels
+    ///   ([`Calibration::proxy_latency`]).
     /// - EFA: AWS's instance documentation (p5: 3200 Gb/s per instance;
     ///   p4d / p4de: 4 × 100 Gb/s). Its latencies come from AWS's network
     ///   plugin, aws-ofi-nccl: on p5 a network step (hop plus proxy) takes

@@ -37,8 +37,8 @@
 //! that folder instead of `data/published` (same format: `source`,
 //! `preset` — `dgx-h100`, `dgx-a100`, `p5-efa` or `p4d-efa` —, `nodes`,
 //! `gpus_per_node`, optionally `nccl_algo`, `nics_per_node`, `nic_gbits`,
-//! `launches_per_thread`, `channels`, and `rows` of `size`, `time_us`, `algbw`,
-//! `busbw`), and reports without asserting, as a sweep does.
+//! `launches_per_thread`, `channels`, and `rows` of `size`, `time_us`,
+//! `algbw`, `busbw`), and reports without asserting, as a sweep does.
 
 use std::path::{Path, PathBuf};
 
