@@ -187,6 +187,54 @@ fn checked_run(
     Ok(data.wrong())
 }
 
+/// The header's line of the calibration in effect: the LL / LL128 hops,
+/// launch and proxy latencies, link efficiencies and channel limits (the
+/// Simple hops are on the line before), so that a run's table says what
+/// it was simulated with.
+fn calibration_line(c: &ClusterConfig) -> String {
+    let k = &c.calibration;
+    let us = |s: f64| s * 1e6;
+    let gbps = |b: f64| {
+        if b.is_finite() {
+            format!("{:.1} GB/s", b / 1e9)
+        } else {
+            "none".to_string()
+        }
+    };
+    let mut line = format!(
+        "  hops (NVLink/NIC): LL {:.1}/{:.1} us, LL128 {:.1}/{:.1} us; launch {:.1} us",
+        us(k.ll.nvlink),
+        us(k.ll.nic),
+        us(k.ll128.nvlink),
+        us(k.ll128.nic),
+        us(k.launch_latency),
+    );
+    if k.launches_per_thread > 1 {
+        line += &format!(" x up to {} per thread", k.launches_per_thread);
+    }
+    line += &format!(
+        "; proxy {:.1} us x the call's channels per network crossing; \
+         efficiency NVLink {:.2}, NIC {:.2}; channel limit {}",
+        us(k.proxy_latency),
+        k.nvlink_efficiency,
+        k.nic_efficiency,
+        gbps(k.channel_bandwidth),
+    );
+    if let Some(b) = k.ll128_channel_bandwidth {
+        line += &format!(" (LL128 {})", gbps(b));
+    }
+    if k.nic_message_overhead > 0.0 {
+        line += &format!("; NIC {:.1} us per message", us(k.nic_message_overhead));
+    }
+    if k.reported_net_latency > 0.0 {
+        line += &format!(
+            "; the tuner is told {:.0} us of network latency",
+            us(k.reported_net_latency)
+        );
+    }
+    line
+}
+
 fn run_failed(what: &str, e: impl std::fmt::Display) -> CliError {
     CliError::failed(format!("simulated {what} failed: {e}"))
 }
@@ -216,6 +264,7 @@ impl PerfBackend for MockBackend {
                 c.chunk_bytes,
                 c.mtu
             ),
+            calibration_line(c),
             // The timed run takes the tuner's algorithm and protocol; the
             // payload check (`#wrong`) moves and reduces the bytes with the
             // same algorithm (ring or tree), under Simple: the simulator's
@@ -428,6 +477,42 @@ mod tests {
             panic!("not perf");
         };
         MockBackend::new(&p.topo).unwrap()
+    }
+
+    /// The header says the calibration a table was simulated with: the
+    /// preset's figures, and a flag's where one overrides it.
+    #[test]
+    fn the_header_names_the_calibration() {
+        let line = |flags: &[&str]| backend(flags).describe()[2].clone();
+        let plain = line(&["--nodes", "2"]);
+        assert!(plain.contains("LL 0.6/2.7 us, LL128 1.9/4.0 us"), "{plain}");
+        assert!(plain.contains("launch 0.0 us; proxy 0.0 us"), "{plain}");
+        assert!(plain.contains("channel limit none"), "{plain}");
+        let h100 = line(&["--nodes", "2", "--preset", "dgx-h100"]);
+        assert!(h100.contains("LL 0.3/4.0 us, LL128 1.0/4.0 us"), "{h100}");
+        assert!(
+            h100.contains("launch 4.0 us; proxy 0.8 us x the call's channels"),
+            "{h100}"
+        );
+        assert!(h100.contains("efficiency NVLink 0.82, NIC 0.96"), "{h100}");
+        assert!(
+            h100.contains("channel limit 24.0 GB/s (LL128 36.7 GB/s)"),
+            "{h100}"
+        );
+        let set = line(&[
+            "--nodes",
+            "2",
+            "--preset",
+            "p5-efa",
+            "--proxy-us",
+            "2",
+            "--launches-per-thread",
+            "8",
+        ]);
+        assert!(set.contains("proxy 2.0 us"), "{set}");
+        assert!(set.contains("x up to 8 per thread"), "{set}");
+        assert!(set.contains("NIC 1.0 us per message"), "{set}");
+        assert!(set.contains("told 75 us of network latency"), "{set}");
     }
 
     /// The check runs the timed row's algorithm: where the tuner picks
