@@ -1,35 +1,17 @@
-//! Rust element types ↔ the core's [`DataType`].
+//! Rust element types the device moves: the communicator's [`Element`]s
+//! (each with its core [`DataType`](ringcc_core::DataType)) that cudarc
+//! can hand to a kernel.
 
 use cudarc::driver::DeviceRepr;
-use ringcc_core::DataType;
+use ringcc_comm::Element;
 
-/// An element type collectives can move: a device-representable Rust type
-/// and its [`DataType`].
-pub trait CollType: DeviceRepr + Copy + Send + Sync + 'static {
-    /// The core's name for it.
-    const DTYPE: DataType;
-}
+/// An element type collectives can move on the device: an [`Element`]
+/// (its `DTYPE` is the core's name for it) that is device-representable.
+/// Every [`Element`] cudarc can pass is one: the ten types are listed once,
+/// in `ringcc-comm`.
+pub trait CollType: Element + DeviceRepr {}
 
-macro_rules! coll_type {
-    ($($t:ty => $d:ident),* $(,)?) => {
-        $(impl CollType for $t {
-            const DTYPE: DataType = DataType::$d;
-        })*
-    };
-}
-
-coll_type!(
-    i8 => I8,
-    u8 => U8,
-    i32 => I32,
-    u32 => U32,
-    i64 => I64,
-    u64 => U64,
-    half::f16 => F16,
-    f32 => F32,
-    f64 => F64,
-    half::bf16 => Bf16,
-);
+impl<T: Element + DeviceRepr> CollType for T {}
 
 #[cfg(test)]
 mod tests {
