@@ -9,7 +9,8 @@
 //! The tree of channel `c` is the core's [`UniformTree`] (tree `c mod 2`
 //! of the double binary tree across nodes, a chain inside each node). A
 //! hop inside a node is NVLink, one between nodes the channel's NIC
-//! (`c mod nics` of the sending node), with the run's protocol latencies:
+//! ([`tree_nic`]: `(c / 2) mod nics` of the sending node, a channel of
+//! each tree on every NIC), with the run's protocol latencies:
 //! a slice's bytes (the protocol's wire bytes) take the link's calibrated
 //! bandwidth on a serial resource per GPU pair (NVLink) or per NIC port
 //! (transmit side), then the hop latency; a NIC hop also pays the
@@ -32,7 +33,7 @@ use std::collections::HashMap;
 use ringcc_core::fifo::STEPS;
 use ringcc_core::prim::{tree_slice_result, TreeAction, TreeConn, TreeExec, TREE_CONNS};
 use ringcc_core::progress::Event;
-use ringcc_core::tree::{TreeDir, TreeOrder, UniformTree};
+use ringcc_core::tree::{tree_nic, TreeDir, TreeOrder, UniformTree};
 use ringcc_core::{ChannelId, Primitive, Rank};
 
 use crate::error::Error;
@@ -321,8 +322,9 @@ impl Sim {
                 done = done.max(end);
                 end.saturating_add(crate::events::ps(nvlink_lat))
             } else {
-                let nics = u32::from(self.cfg.nics_per_node.max(1));
-                let port = (rank / self.cfg.gpus_per_node.max(1)) * nics + u32::from(c.0) % nics;
+                let nics = self.cfg.nics_per_node.max(1);
+                let nic = tree_nic(c, nics).map_or(0, |n| u32::from(n.0));
+                let port = (rank / self.cfg.gpus_per_node.max(1)) * u32::from(nics) + nic;
                 let busy = self.tree.busy.entry((u32::MAX, port)).or_insert(0);
                 let start = done.saturating_add(self.time.doorbell).max(*busy);
                 let end = start.saturating_add(

@@ -15,6 +15,15 @@
 //! nodes' links evenly. Channel `c` uses tree `c mod 2`; channels split the
 //! buffer as the ring's do, so each tree carries half the data.
 //!
+//! Between nodes, channels `2k` and `2k + 1` — one of each tree — share NIC
+//! `k mod nics` ([`tree_nic`]). NCCL pairs them the same way: its channel
+//! `c` runs tree 0 and channel `c + n/2` tree 1 over one graph channel's
+//! NIC (`connectTrees`, src/graph/connect.cc). A node is interior in one
+//! tree and (nearly always) a leaf in the other, so a NIC that carried two
+//! channels of the same tree (the ring's `c mod nics` with 16 channels on
+//! 8 NICs) would carry three times its sibling's bytes, and the tree's
+//! bandwidth on three or more nodes two thirds of what the NICs allow.
+//!
 //! Inside a node the ranks form a chain in the node's order: the node's
 //! first rank is on the inter-node tree, rank `i` of the node hangs below
 //! rank `i − 1`. A rank thus has at most one parent (`up`) and at most three
@@ -47,7 +56,7 @@
 //! only at the root, whose one stream turns each chunk around.
 
 use crate::error::Error;
-use crate::id::{ChannelId, NodeId, Rank};
+use crate::id::{ChannelId, NicId, NodeId, Rank};
 use crate::math::div_up;
 use crate::plan::{Collective, Plan};
 use crate::prim::Primitive;
@@ -241,6 +250,16 @@ fn rank_peers(
     Ok(p)
 }
 
+/// The NIC tree channel `channel` uses between nodes on a node of `nics`
+/// NICs: `(channel / 2) mod nics`, so that each NIC serves a channel of
+/// each tree (see the [module documentation](self)); `None` without NICs.
+pub const fn tree_nic(channel: ChannelId, nics: u16) -> Option<NicId> {
+    match (channel.0 as u16 / 2).checked_rem(nics) {
+        Some(n) => Some(NicId(n)),
+        None => None,
+    }
+}
+
 /// One channel's tree over a [`Topology`]: tree `channel mod 2` of the
 /// double binary tree over its nodes, a chain through each node's ranks in
 /// the node's order.
@@ -268,9 +287,9 @@ impl<'a, const R: usize> Tree<'a, R> {
 
     /// What carries the hop from `from` to `to` (tree neighbours, either
     /// way): nothing for a rank to itself, NVLink inside a node, and
-    /// between nodes NIC `channel mod nics` on both ends — the ring's rule
-    /// without cross-NIC (NCCL's `NCCL_CROSS_NIC=0`). What a simulator
-    /// maps a tree connection onto.
+    /// between nodes the channel's [`tree_nic`] on both ends (no
+    /// cross-NIC, NCCL's `NCCL_CROSS_NIC=0`). What a simulator maps a tree
+    /// connection onto.
     pub fn hop(&self, from: Rank, to: Rank) -> Result<HopKind, Error> {
         if from == to {
             self.topo.node_of(from)?;
@@ -279,7 +298,7 @@ impl<'a, const R: usize> Tree<'a, R> {
         if self.topo.node_of(from)? == self.topo.node_of(to)? {
             return Ok(HopKind::Intra);
         }
-        let nic = self.topo.nic_of_channel(self.channel).ok_or(Error::NoNic)?;
+        let nic = tree_nic(self.channel, self.topo.nics_per_node()).ok_or(Error::NoNic)?;
         Ok(HopKind::Inter {
             send_nic: nic,
             recv_nic: nic,

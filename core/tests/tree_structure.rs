@@ -256,9 +256,10 @@ proptest! {
 }
 
 /// Tree edges inside a node are NVLink hops; across nodes they use the
-/// channel's NIC on both ends.
+/// channel's NIC on both ends, channels `2k` and `2k + 1` (one of each
+/// tree) the same.
 #[test]
-fn tree_hops_follow_the_nodes_and_the_channels_nic() {
+fn tree_hops_follow_the_nodes_and_the_channel_pairs_nic() {
     use ringcc_core::{HopKind, NicId};
     let topo = Topology::<64>::uniform(5, 4, 4).unwrap();
     for c in 0..8u8 {
@@ -271,8 +272,8 @@ fn tree_hops_follow_the_nodes_and_the_channels_nic() {
                     HopKind::Intra
                 } else {
                     HopKind::Inter {
-                        send_nic: NicId(u16::from(c) % 4),
-                        recv_nic: NicId(u16::from(c) % 4),
+                        send_nic: NicId(u16::from(c / 2) % 4),
+                        recv_nic: NicId(u16::from(c / 2) % 4),
                     }
                 };
                 assert_eq!(t.hop(Rank(r), *d).unwrap(), want);
