@@ -23,6 +23,9 @@
 //! channels of the same tree (the ring's `c mod nics` with 16 channels on
 //! 8 NICs) would carry three times its sibling's bytes, and the tree's
 //! bandwidth on three or more nodes two thirds of what the NICs allow.
+//! As in NCCL, a call of fewer than `2 · nics` channels carries its trees
+//! over `channels / 2` NICs (NCCL reaches every NIC of a node with more
+//! graph channels, so more channels).
 //!
 //! Inside a node the ranks form a chain in the node's order: the node's
 //! first rank is on the inter-node tree, rank `i` of the node hangs below
