@@ -12,8 +12,9 @@
 //! ([`tree_nic`]: `(c / 2) mod nics` of the sending node, a channel of
 //! each tree on every NIC), with the run's protocol latencies:
 //! a slice's bytes (the protocol's wire bytes) take the link's calibrated
-//! bandwidth on a serial resource per GPU pair (NVLink) or per NIC port
-//! (transmit side), then the hop latency; a NIC hop also pays the
+//! bandwidth on a serial resource ([`Tx`]: a GPU's NVLink, shared by its
+//! peers as behind an NVSwitch, or a NIC port; transmit sides), then the
+//! hop latency; a NIC hop also pays the
 //! doorbell and the per-message overhead. Credits return after one hop
 //! latency. NIC hops are flows, not queue pairs and packets.
 //!
@@ -65,6 +66,24 @@ type SlotKey = (u32, u8, u8, u64);
 /// A peer on one connection: its rank and its connection back to us.
 type Peer = Option<(u32, TreeConn)>;
 
+/// A resource that sends one transfer at a time.
+///
+/// A GPU's NVLink is one: behind an NVSwitch (every preset's node) its
+/// bandwidth is shared by all its peers, and a chain's inner rank sends
+/// to two of them at once (up to its parent, down to its child). Keyed by
+/// GPU pair, each direction got the whole line rate: a one-node 1 GiB
+/// tree ran at 333 GB/s, its inner ranks sending 667 GB/s over a 450 GB/s
+/// NVLink.
+/// (A ring's rank sends to one peer of its node on every channel, so the
+/// fabric's per-pair NVLinks are per GPU there.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Tx {
+    /// The NVLink transmit side of a GPU (its rank).
+    Nvlink(u32),
+    /// A NIC port's transmit side.
+    Nic(u32),
+}
+
 /// The tree call's transport state.
 #[derive(Debug)]
 pub(crate) struct TreeState {
@@ -72,9 +91,8 @@ pub(crate) struct TreeState {
     pub peers: Vec<[Peer; TREE_CONNS]>,
     /// Events in flight ([`Ev::Tree`] names one).
     pub msgs: Slab<TreeMsg>,
-    /// When a transmit resource is free: NVLink `(from, to)` GPU pair,
-    /// NIC port `(u32::MAX, port)`.
-    pub busy: HashMap<(u32, u32), Ps>,
+    /// When a transmit resource is free.
+    pub busy: HashMap<Tx, Ps>,
     /// Payload mode: slices in flight, each with its FIFO step.
     pub landing: Slab<(u64, Vec<u8>)>,
     /// Payload mode: the slices landed and not yet read.
@@ -315,7 +333,7 @@ impl Sim {
                 });
             };
             let arrive = if self.same_node(rank, peer) {
-                let busy = self.tree.busy.entry((rank, peer)).or_insert(0);
+                let busy = self.tree.busy.entry(Tx::Nvlink(rank)).or_insert(0);
                 let start = now.max(*busy);
                 let end = start.saturating_add(nvlink_rate.time(wire));
                 *busy = end;
@@ -325,7 +343,7 @@ impl Sim {
                 let nics = self.cfg.nics_per_node.max(1);
                 let nic = tree_nic(c, nics).map_or(0, |n| u32::from(n.0));
                 let port = (rank / self.cfg.gpus_per_node.max(1)) * u32::from(nics) + nic;
-                let busy = self.tree.busy.entry((u32::MAX, port)).or_insert(0);
+                let busy = self.tree.busy.entry(Tx::Nic(port)).or_insert(0);
                 let start = done.saturating_add(self.time.doorbell).max(*busy);
                 let end = start.saturating_add(
                     nic_rate.time(wire.saturating_add(self.time.nic_overhead_bytes)),

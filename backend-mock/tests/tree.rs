@@ -161,6 +161,29 @@ fn a_trees_traffic_between_nodes_uses_every_nic() {
     }
 }
 
+/// A GPU's NVLink is one transmit side shared by its peers (an NVSwitch
+/// node): a chain's inner rank sends every byte up and again down, so a
+/// one-node tree AllReduce of `S` bytes sends `2 S` through it and runs
+/// at no more than half the calibrated NVLink rate — and within 15 % of
+/// that. (With a link per GPU pair it ran at 1.81× that bound: 333 GB/s,
+/// its inner ranks sending 667 GB/s over a 450 GB/s NVLink.)
+#[test]
+fn a_chain_shares_each_gpus_nvlink_between_up_and_down() {
+    let bytes = 1u64 << 30;
+    let c = ringcc_mock::Preset::parse("dgx-h100").unwrap().config(1);
+    let bound = c.nvlink.bandwidth * c.calibration.nvlink_efficiency / 2.0;
+    let t = time(c.clone(), Algorithm::Tree, Protocol::Simple, bytes);
+    let algbw = bytes as f64 / t;
+    println!(
+        "1 x 8: tree algbw {:.1} GB/s, bound {:.1} GB/s ({:.2})",
+        algbw / 1e9,
+        bound / 1e9,
+        algbw / bound
+    );
+    assert!(algbw <= bound * 1.001, "above the NVLink bound");
+    assert!(algbw >= 0.85 * bound, "{:.2} of the bound", algbw / bound);
+}
+
 /// A small payload-mode cluster running tree calls (64 B slots: a few
 /// hundred elements are many slices and several chunks).
 fn payload_cluster(nodes: u32, gpus: u32) -> Cluster {
