@@ -13,7 +13,9 @@
 //!   moves over the device bandwidth plus a fixed overhead.
 //! - **NVLink** between the GPUs of a node: a peer copy straight into the
 //!   successor's slot, no queue pair, no packet (as the seed stresses); a
-//!   serial link per GPU pair, shared by the channels.
+//!   serial link per GPU pair, shared by the channels (a ring's rank sends
+//!   to one peer of its node; a tree's rank, which sends to two, has one
+//!   NVLink for both, as behind an NVSwitch).
 //! - **RNICs** between nodes: RC queue pairs (RESET → INIT → RTR → RTS)
 //!   with send, receive and completion queues, memory regions with keys,
 //!   bounds and access flags; a finished slice becomes work requests
