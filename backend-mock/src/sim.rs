@@ -560,13 +560,17 @@ impl Sim {
             rs.abort_sent = false;
         }
         let mut refused = Vec::new();
-        let (nodes, gpus) = (self.cfg.nodes, self.cfg.gpus_per_node);
+        let (nodes, gpus, nics) = (
+            self.cfg.nodes,
+            self.cfg.gpus_per_node,
+            self.cfg.nics_per_node,
+        );
         for (r, engine) in self.lanes.engines.iter_mut().enumerate() {
             let rings = &self.fab.rings;
             let started = match &tree_plans {
                 Some(tp) => engine
                     .start_tree(now, &calls[r], &tp[r], geometry, |c| {
-                        ringcc_core::UniformTree::for_channel(nodes, gpus, c)
+                        ringcc_core::UniformTree::for_channel(nodes, gpus, nics, c)
                     })
                     .map(|_| ()),
                 None => engine

@@ -123,7 +123,8 @@ impl Sim {
         let (n, nodes, gpus) = (self.fab.ranks, self.cfg.nodes, self.cfg.gpus_per_node);
         let mut peers = vec![[None; TREE_CONNS]; (self.fab.channels * n) as usize];
         for c in 0..channels {
-            let tree = UniformTree::for_channel(nodes, gpus, ChannelId(c as u8));
+            let tree =
+                UniformTree::for_channel(nodes, gpus, self.cfg.nics_per_node, ChannelId(c as u8));
             for r in 0..n {
                 let p = tree
                     .peers(Rank(r))

@@ -106,4 +106,4 @@ pub use prim::{Action, Blocked, Exec, LinkState, Machine, Primitive};
 pub use progress::{Engine, EngineError, Event, Stall};
 pub use reduce::{DataType, ReduceOp};
 pub use topology::{HopKind, InOrderRing, Ring, RingOrder, Topology, MAX_RANKS};
-pub use tree::{tree_nic, Tree, TreeOrder, TreePeers, TreePlan, UniformTree};
+pub use tree::{tree_head, tree_nic, Tree, TreeOrder, TreePeers, TreePlan, UniformTree};

@@ -27,11 +27,19 @@
 //! over `channels / 2` NICs (NCCL reaches every NIC of a node with more
 //! graph channels, so more channels).
 //!
-//! Inside a node the ranks form a chain in the node's order: the node's
-//! first rank is on the inter-node tree, rank `i` of the node hangs below
-//! rank `i − 1`. A rank thus has at most one parent (`up`) and at most three
-//! children (`down`: two nodes' first ranks and the next rank of its
-//! node), NCCL's `tree.up` / `tree.down[NCCL_MAX_TREE_ARITY = 3]`.
+//! Inside a node the ranks form a chain in the node's order, starting at
+//! the channel's head ([`tree_head`]: the first GPU of the channel's NIC's
+//! share of the node, so NIC `k` of 8 on 8 GPUs has GPU `k`) and wrapping
+//! around: the head is on the inter-node tree, the rank after it hangs
+//! below it, and so on. NCCL's tree graph likewise starts each channel's
+//! chain at the GPU next to its NIC. Heads spread over the node this way
+//! share out the NVLink sends as well: a chain's head and tail send one
+//! way, its inner ranks both, so that with one head per GPU pair of
+//! channels a GPU sends `1.75 S` of an AllReduce of `S` bytes over 8 GPUs
+//! where a chain fixed at the node's first rank has its inner ranks send
+//! `2 S`. A rank thus has at most one parent (`up`) and at most three
+//! children (`down`: two nodes' heads and the next rank of its node),
+//! NCCL's `tree.up` / `tree.down[NCCL_MAX_TREE_ARITY = 3]`.
 //!
 //! # The schedule
 //!
@@ -225,18 +233,18 @@ impl<T: TreeOrder + ?Sized> TreeOrder for &T {
     }
 }
 
-/// The links of the rank at position `local` of node `node` whose node
-/// has `gpus` ranks, given the node tree's links and how to name the rank
-/// at `(node, local)`.
+/// The links of the rank at position `pos` of its node's chain (0: the
+/// head) on node `node` of `gpus` ranks, given the node tree's links and
+/// how to name the rank at `(node, position)`.
 fn rank_peers(
     links: NodeLinks,
     node: u32,
-    local: u32,
+    pos: u32,
     gpus: u32,
     rank_at: impl Fn(u32, u32) -> Option<Rank>,
 ) -> Result<TreePeers, Error> {
     let mut p = TreePeers::default();
-    if local == 0 {
+    if pos == 0 {
         p.up = match links.up {
             Some(u) => Some(rank_at(u, 0).ok_or(Error::BadTopology)?),
             None => None,
@@ -245,12 +253,39 @@ fn rank_peers(
             p.push_down(rank_at(d, 0).ok_or(Error::BadTopology)?)?;
         }
     } else {
-        p.up = Some(rank_at(node, local.saturating_sub(1)).ok_or(Error::BadTopology)?);
+        p.up = Some(rank_at(node, pos.saturating_sub(1)).ok_or(Error::BadTopology)?);
     }
-    if local.saturating_add(1) < gpus {
-        p.push_down(rank_at(node, local.saturating_add(1)).ok_or(Error::BadTopology)?)?;
+    if pos.saturating_add(1) < gpus {
+        p.push_down(rank_at(node, pos.saturating_add(1)).ok_or(Error::BadTopology)?)?;
     }
     Ok(p)
+}
+
+/// The position in a chain that starts at local rank `head` of the node's
+/// `gpus` ranks of the rank with local index `local`, and back.
+/// (Both without overflow for any `u32`s.)
+const fn chain_pos(local: u32, head: u32, gpus: u32) -> u32 {
+    let (Some(l), Some(h)) = (local.checked_rem(gpus), head.checked_rem(gpus)) else {
+        return 0;
+    };
+    if l >= h {
+        l.saturating_sub(h)
+    } else {
+        l.saturating_add(gpus.saturating_sub(h))
+    }
+}
+
+/// The local index of chain position `pos` (see [`chain_pos`]).
+const fn chain_local(pos: u32, head: u32, gpus: u32) -> u32 {
+    let (Some(p), Some(h)) = (pos.checked_rem(gpus), head.checked_rem(gpus)) else {
+        return 0;
+    };
+    let room = gpus.saturating_sub(h);
+    if p < room {
+        p.saturating_add(h)
+    } else {
+        p.saturating_sub(room)
+    }
 }
 
 /// The NIC tree channel `channel` uses between nodes on a node of `nics`
@@ -263,9 +298,27 @@ pub const fn tree_nic(channel: ChannelId, nics: u16) -> Option<NicId> {
     }
 }
 
+/// The local rank that heads tree channel `channel`'s chain on a node of
+/// `gpus` ranks and `nics` NICs: the first GPU of its [`tree_nic`]'s share
+/// of the node (`nic · gpus / nics`), the GPU next to that NIC on a node
+/// with a NIC per GPU. 0 without NICs.
+pub const fn tree_head(channel: ChannelId, gpus: u32, nics: u16) -> u32 {
+    match tree_nic(channel, nics) {
+        Some(nic) => match (nic.0 as u64)
+            .saturating_mul(gpus as u64)
+            .checked_div(nics as u64)
+        {
+            // Below `gpus`: `nic < nics`.
+            Some(head) => head as u32,
+            None => 0,
+        },
+        None => 0,
+    }
+}
+
 /// One channel's tree over a [`Topology`]: tree `channel mod 2` of the
 /// double binary tree over its nodes, a chain through each node's ranks in
-/// the node's order.
+/// the node's order from the channel's [`tree_head`].
 #[derive(Clone, Copy, Debug)]
 pub struct Tree<'a, const R: usize> {
     topo: &'a Topology<R>,
@@ -316,7 +369,23 @@ impl<'a, const R: usize> Tree<'a, R> {
     /// The root rank.
     pub fn root(&self) -> Option<Rank> {
         let node = dtree_root(self.topo.nodes(), self.which);
-        self.topo.node_ranks(NodeId(node)).next()
+        self.rank_at(node, 0)
+    }
+
+    /// The local rank heading the chain of node `node`.
+    fn head(&self, node: u32) -> u32 {
+        let gpus = self.topo.gpus_in_node(NodeId(node));
+        tree_head(self.channel, gpus, self.topo.nics_per_node())
+    }
+
+    /// The rank at chain position `pos` of node `node`.
+    fn rank_at(&self, node: u32, pos: u32) -> Option<Rank> {
+        let gpus = self.topo.gpus_in_node(NodeId(node));
+        let local = chain_local(pos, self.head(node), gpus);
+        self.topo
+            .node_ranks(NodeId(node))
+            .nth(local as usize)
+            .filter(|_| pos < gpus)
     }
 }
 
@@ -329,16 +398,15 @@ impl<const R: usize> TreeOrder for Tree<'_, R> {
         let node = self.topo.node_of(rank)?.0;
         let local = self.topo.local_of(rank)?;
         let gpus = self.topo.gpus_in_node(NodeId(node));
+        let pos = chain_pos(local, self.head(node), gpus);
         let links = dtree(self.topo.nodes(), node, self.which);
-        rank_peers(links, node, local, gpus, |n, l| {
-            self.topo.node_ranks(NodeId(n)).nth(l as usize)
-        })
+        rank_peers(links, node, pos, gpus, |n, p| self.rank_at(n, p))
     }
 }
 
 /// Tree `which` over `nodes` nodes of `gpus` ranks each, rank `r` on node
-/// `r / gpus` (the [`Topology::uniform`] placement) — without a topology's
-/// storage.
+/// `r / gpus` (the [`Topology::uniform`] placement), each node's chain
+/// starting at local rank `head` — without a topology's storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UniformTree {
     /// Nodes.
@@ -347,21 +415,29 @@ pub struct UniformTree {
     pub gpus: u32,
     /// Which of the two trees (0 or 1; channel `c` uses `c mod 2`).
     pub which: u8,
+    /// The local rank heading each node's chain (taken mod `gpus`).
+    pub head: u32,
 }
 
 impl UniformTree {
-    /// The tree channel `channel` uses.
-    pub fn for_channel(nodes: u32, gpus: u32, channel: ChannelId) -> Self {
+    /// The tree channel `channel` uses on nodes of `nics` NICs (the
+    /// [`Tree`] of [`Topology::uniform`]`(nodes, gpus, nics)`).
+    pub fn for_channel(nodes: u32, gpus: u32, nics: u16, channel: ChannelId) -> Self {
         UniformTree {
             nodes,
             gpus,
             which: channel.0 % 2,
+            head: tree_head(channel, gpus, nics),
         }
     }
 
     /// The root rank.
     pub fn root(&self) -> Rank {
-        Rank(dtree_root(self.nodes, self.which).saturating_mul(self.gpus))
+        let node = dtree_root(self.nodes, self.which);
+        Rank(
+            node.saturating_mul(self.gpus)
+                .saturating_add(chain_local(0, self.head, self.gpus)),
+        )
     }
 }
 
@@ -381,12 +457,13 @@ impl TreeOrder for UniformTree {
         let g = self.gpus;
         let node = rank.0.checked_div(g).unwrap_or(0);
         let local = rank.0.checked_rem(g).unwrap_or(0);
+        let pos = chain_pos(local, self.head, g);
         let links = dtree(self.nodes, node, self.which);
-        rank_peers(links, node, local, g, |n, l| {
+        rank_peers(links, node, pos, g, |n, p| {
             n.checked_mul(g)
-                .and_then(|b| b.checked_add(l))
+                .and_then(|b| b.checked_add(chain_local(p, self.head, g)))
                 .map(Rank)
-                .filter(|r| r.0 < self.nodes.saturating_mul(g) && l < g)
+                .filter(|r| r.0 < self.nodes.saturating_mul(g) && p < g)
         })
     }
 }

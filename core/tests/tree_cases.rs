@@ -92,7 +92,7 @@ impl Sync {
             let e = &mut self.engines[r as usize];
             let desc = if tree {
                 e.start_tree(0, &call, &tplan, g(), |c| {
-                    UniformTree::for_channel(nodes, gpus, c)
+                    UniformTree::for_channel(nodes, gpus, gpus as u16, c)
                 })
             } else {
                 e.start(0, &call, &plan, g(), |_| InOrderRing { ranks: n })
@@ -103,7 +103,7 @@ impl Sync {
                 // Each channel's machine runs over the connections its
                 // tree gives this rank: up unless the root, a child's each.
                 for c in 0..tplan.channels() {
-                    let p = UniformTree::for_channel(nodes, gpus, ChannelId(c as u8))
+                    let p = UniformTree::for_channel(nodes, gpus, gpus as u16, ChannelId(c as u8))
                         .peers(Rank(r))
                         .unwrap();
                     let want = (0..p.n_down()).fold(u8::from(p.up.is_some()), |m, i| {
@@ -199,7 +199,7 @@ impl Sync {
         let n = self.n();
         let es = call.elem();
         while let Some((c, a)) = self.engines[r as usize].poll_tree().unwrap() {
-            let t = UniformTree::for_channel(self.nodes, self.gpus, c);
+            let t = UniformTree::for_channel(self.nodes, self.gpus, self.gpus as u16, c);
             match a {
                 TreeAction::Exec(e) => {
                     let len = e.count as usize * es;
@@ -287,7 +287,9 @@ fn tree_call() -> (Call, TreePlan) {
 
 fn start(e: &mut Eng) -> Result<ringcc_core::CallDesc, EngineError> {
     let (call, plan) = tree_call();
-    e.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 2, c))
+    e.start_tree(0, &call, &plan, g(), |c| {
+        UniformTree::for_channel(1, 2, 1, c)
+    })
 }
 
 #[test]
@@ -296,11 +298,15 @@ fn refusals_leave_the_engine_usable() {
     // More channels than the tree storage.
     let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
     let wide = TreePlan::new(16, DataType::F32, 2, 3, 16).unwrap();
-    let r = e.start_tree(0, &call, &wide, g(), |c| UniformTree::for_channel(1, 2, c));
+    let r = e.start_tree(0, &call, &wide, g(), |c| {
+        UniformTree::for_channel(1, 2, 1, c)
+    });
     assert!(matches!(r, Err(EngineError::BadChannel { .. })), "{r:?}");
     // A tree of another size.
     let (call, plan) = tree_call();
-    let r = e.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(2, 2, c));
+    let r = e.start_tree(0, &call, &plan, g(), |c| {
+        UniformTree::for_channel(2, 2, 1, c)
+    });
     assert_eq!(
         r.map_err(|e| e.core()),
         Err(Some(Error::BadTopology)),
@@ -308,7 +314,7 @@ fn refusals_leave_the_engine_usable() {
     );
     // Not an AllReduce.
     let bc = Call::broadcast(16, DataType::F32, Rank(0));
-    let r = e.start_tree(0, &bc, &plan, g(), |c| UniformTree::for_channel(1, 2, c));
+    let r = e.start_tree(0, &bc, &plan, g(), |c| UniformTree::for_channel(1, 2, 1, c));
     assert_eq!(r.map_err(|e| e.core()), Err(Some(Error::PlanMismatch)));
     assert!(e.failure().is_none() && e.is_idle());
     start(&mut e).unwrap();
@@ -418,8 +424,10 @@ fn a_stalled_tree_call_names_the_connection_it_waits_on() {
     let mut e: Eng = engine(0);
     let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
     let plan = TreePlan::new(16, DataType::F32, 3, 1, 16).unwrap();
-    e.start_tree(5, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
-        .unwrap();
+    e.start_tree(5, &call, &plan, g(), |c| {
+        UniformTree::for_channel(1, 3, 1, c)
+    })
+    .unwrap();
     assert_eq!(e.poll_tree(), Ok(None));
     let b = e.tree_blocked_on(ChannelId(0));
     assert_eq!(b.conn, Some(TreeConn::Down(0)));
@@ -437,8 +445,10 @@ fn a_stalled_tree_call_names_the_connection_it_waits_on() {
     }
     // The middle rank of the chain waits for its child's data too.
     let mut m: Eng = engine(1);
-    m.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
-        .unwrap();
+    m.start_tree(0, &call, &plan, g(), |c| {
+        UniformTree::for_channel(1, 3, 1, c)
+    })
+    .unwrap();
     assert_eq!(m.poll_tree(), Ok(None));
     assert_eq!(
         m.tree_blocked_on(ChannelId(0)).conn,
@@ -455,8 +465,10 @@ fn a_leaf_without_credit_names_its_parent_connection() {
     let count = slices * 4; // 16-byte slots, one per slice: 4 floats each.
     let call = Call::all_reduce(count, DataType::F32, ReduceOp::Sum);
     let plan = TreePlan::new(count, DataType::F32, 2, 1, 64).unwrap();
-    e.start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 2, c))
-        .unwrap();
+    e.start_tree(0, &call, &plan, g(), |c| {
+        UniformTree::for_channel(1, 2, 1, c)
+    })
+    .unwrap();
     let c = ChannelId(0);
     let mut sent = 0;
     while let Some((ch, a)) = e.poll_tree().unwrap() {
@@ -521,7 +533,9 @@ fn a_middle_rank_names_the_child_it_waits_credit_from() {
     let call = Call::all_reduce(count, DataType::F32, ReduceOp::Sum);
     let plan = TreePlan::new(count, DataType::F32, 3, 1, 64).unwrap();
     let desc = e
-        .start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
+        .start_tree(0, &call, &plan, g(), |c| {
+            UniformTree::for_channel(1, 3, 1, c)
+        })
         .unwrap();
     let c = ChannelId(0);
     let down = TreeConn::Down(0);
@@ -611,7 +625,9 @@ fn a_credit_may_return_while_its_slice_still_runs() {
     let call = Call::all_reduce(16, DataType::F32, ReduceOp::Sum);
     let plan = TreePlan::new(16, DataType::F32, 3, 1, 16).unwrap();
     let desc = e
-        .start_tree(0, &call, &plan, g(), |c| UniformTree::for_channel(1, 3, c))
+        .start_tree(0, &call, &plan, g(), |c| {
+            UniformTree::for_channel(1, 3, 1, c)
+        })
         .unwrap();
     let down = TreeConn::Down(0);
     e.handle_tree(0, c, down, Event::Header { step: 0, desc })

@@ -153,8 +153,9 @@ struct World {
     concurrent: u64,
 }
 
+/// A NIC per GPU: each channel pair's chains start at another GPU.
 fn tree(nodes: u32, gpus: u32, c: ChannelId) -> UniformTree {
-    UniformTree::for_channel(nodes, gpus, c)
+    UniformTree::for_channel(nodes, gpus, gpus as u16, c)
 }
 
 fn plan_of(n: u32, s: &Spec) -> TreePlan {

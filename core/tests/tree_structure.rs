@@ -116,6 +116,7 @@ fn node_trees_are_trees_up_to_1024_nodes() {
                 nodes: n,
                 gpus: 1,
                 which,
+                head: 0,
             };
             check_tree(&t, ceil_log2(n));
             assert_eq!(t.root(), Rank(dtree_root(n, which)));
@@ -140,15 +141,32 @@ fn few_nodes_are_interior_in_both_trees() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// Ranks: nodes as above, a chain inside each node below its first
-    /// rank; depth at most ⌈log2 nodes⌉ plus the chain.
+    /// Ranks: nodes as above, a chain inside each node from the channel's
+    /// head through the node's ranks in order (wrapping); depth at most
+    /// ⌈log2 nodes⌉ plus the chain.
     #[test]
-    fn rank_trees_reach_every_rank(nodes in 1..=64u32, gpus in 1..=8u32, channel in 0..64u8) {
-        let t = UniformTree::for_channel(nodes, gpus, ChannelId(channel));
+    fn rank_trees_reach_every_rank(
+        nodes in 1..=64u32, gpus in 1..=8u32, nics in 1..=16u16, channel in 0..64u8,
+    ) {
+        let id = ChannelId(channel);
+        let t = UniformTree::for_channel(nodes, gpus, nics, id);
         check_tree(&t, ceil_log2(nodes) + (gpus - 1));
+        // The chain: the head on the node tree (or the root), each next
+        // rank of the node below the one before.
+        let head = ringcc_core::tree_head(id, gpus, nics);
+        prop_assert!(head < gpus);
+        for r in 0..nodes * gpus {
+            let (node, local) = (r / gpus, r % gpus);
+            let up = t.peers(Rank(r)).unwrap().up;
+            if local == head {
+                prop_assert!(up.is_none_or(|u| u.0 / gpus != node && u.0 % gpus == head));
+            } else {
+                prop_assert_eq!(up, Some(Rank(node * gpus + (local + gpus - 1) % gpus)));
+            }
+        }
         // Over a topology with the same placement: the same tree.
-        let topo = Topology::<512>::uniform(nodes, gpus, 1).unwrap();
-        let tt = Tree::new(&topo, ChannelId(channel));
+        let topo = Topology::<512>::uniform(nodes, gpus, nics).unwrap();
+        let tt = Tree::new(&topo, id);
         for r in 0..nodes * gpus {
             prop_assert_eq!(tt.peers(Rank(r)).unwrap(), t.peers(Rank(r)).unwrap());
         }
@@ -167,7 +185,7 @@ proptest! {
         let mut covered = 0u64;
         for c in 0..channels {
             let id = ChannelId(c as u8);
-            let t = UniformTree::for_channel(nodes, gpus, id);
+            let t = UniformTree::for_channel(nodes, gpus, gpus as u16, id);
             let k = plan.chunks(id).unwrap();
             let range = plan.ring_plan().channel_range(id).unwrap();
             covered += range.end - range.start;
@@ -224,7 +242,7 @@ proptest! {
         let plan = TreePlan::new(count, DataType::F32, n, 2, chunk * 4).unwrap();
         for c in 0..2u8 {
             let id = ChannelId(c);
-            let t = UniformTree::for_channel(nodes, gpus, id);
+            let t = UniformTree::for_channel(nodes, gpus, gpus as u16, id);
             for r in 0..n {
                 let p = t.peers(Rank(r)).unwrap();
                 let all: Vec<_> = plan.steps(id, p).unwrap().collect();
@@ -283,4 +301,31 @@ fn tree_hops_follow_the_nodes_and_the_channel_pairs_nic() {
         assert_eq!(t.hop(Rank(3), Rank(3)).unwrap(), HopKind::Loopback);
         assert!(t.hop(Rank(0), Rank(99)).is_err());
     }
+}
+
+/// A channel's chain starts at the first GPU of its NIC's share of the
+/// node: GPU `k` for NIC `k` of a NIC per GPU, `2k` for 4 NICs on 8
+/// GPUs, `k / 2` for 16 NICs on 8; a pair of channels (one of each tree)
+/// per head; without NICs the node's first rank.
+#[test]
+fn a_chain_starts_next_to_its_channels_nic() {
+    use ringcc_core::{tree_head, tree_nic};
+    for c in 0..64u8 {
+        let id = ChannelId(c);
+        let k = u32::from(c / 2);
+        assert_eq!(tree_head(id, 8, 8), k % 8);
+        assert_eq!(tree_head(id, 8, 4), 2 * (k % 4));
+        assert_eq!(tree_head(id, 8, 16), (k % 16) / 2);
+        assert_eq!(tree_head(id, 3, 2), [0, 1][(k % 2) as usize]);
+        assert_eq!(tree_head(id, 8, 0), 0);
+        assert_eq!(tree_nic(id, 0), None);
+        for gpus in 1..=9u32 {
+            for nics in 1..=17u16 {
+                assert!(tree_head(id, gpus, nics) < gpus);
+            }
+        }
+    }
+    // Every GPU heads a pair of channels when there is a NIC per GPU.
+    let heads: Vec<u32> = (0..16u8).map(|c| tree_head(ChannelId(c), 8, 8)).collect();
+    assert_eq!(heads, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]);
 }
