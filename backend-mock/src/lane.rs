@@ -256,8 +256,10 @@ impl Lanes {
         let mut windows = all.split(per_rank).into_iter();
         let engines = HugeSlice::from_fn(ranks, |r| {
             let channels = windows.next().expect("a window per rank");
-            let trees = (0..per_rank).map(|_| TreeChannel::new()).collect();
-            RankEngine::with_trees(Rank(r as u32), channels, trees, timeout)
+            // Tree storage comes with a rank's first tree call
+            // (`Lanes::tree_storage`): a kilobyte per channel that ring
+            // runs never touch.
+            RankEngine::with_trees(Rank(r as u32), channels, Box::new([]), timeout)
         });
         Lanes {
             hot,
@@ -300,6 +302,21 @@ impl Lanes {
 }
 
 impl Lanes {
+    /// Gives every engine without tree storage its own, one
+    /// [`TreeChannel`] per channel, before a tree call (engines are idle
+    /// between calls; storage that never ran a call has nothing to lose).
+    pub fn tree_storage(&mut self) {
+        for engine in self.engines.iter_mut() {
+            if engine.tree_channels().len() < self.per_rank {
+                let trees = (0..self.per_rank).map(|_| TreeChannel::new()).collect();
+                // Refused only while a call runs; the tree call's start
+                // is then refused too (`Busy`) and reported, so this
+                // answer adds nothing.
+                engine.replace_trees(trees).ok();
+            }
+        }
+    }
+
     /// Lane `l` and its rank's engine.
     #[inline(always)]
     fn with_engine(&mut self, l: u32) -> (&mut Lane, &mut RankEngine) {

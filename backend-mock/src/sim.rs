@@ -559,6 +559,9 @@ impl Sim {
             rs.aborted = None;
             rs.abort_sent = false;
         }
+        if tree_plans.is_some() {
+            self.lanes.tree_storage();
+        }
         let mut refused = Vec::new();
         let (nodes, gpus, nics) = (
             self.cfg.nodes,

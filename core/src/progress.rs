@@ -819,6 +819,20 @@ impl<
         self.trees.as_ref()
     }
 
+    /// Hands the engine new tree storage while no call runs, returning
+    /// the old: for a backend that allocates it at a rank's first tree
+    /// call rather than for every engine that may never run one. The tree
+    /// connections' counters live in the storage, so a backend swaps only
+    /// storage that never ran a call (or starts the new over with counters
+    /// at zero on every rank). [`Busy`](EngineError::Busy) while a call
+    /// runs, with the storage left as it was.
+    pub fn replace_trees(&mut self, trees: T) -> Result<T, EngineError> {
+        if self.call.is_some() {
+            return Err(EngineError::Busy);
+        }
+        Ok(core::mem::replace(&mut self.trees, trees))
+    }
+
     /// The tree machine of channel `c` (the running tree call's or the
     /// last one's).
     pub fn tree_machine(&self, c: ChannelId) -> Option<&TreeMachine> {

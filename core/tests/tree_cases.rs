@@ -675,3 +675,30 @@ fn a_finished_tree_channel_that_fails_between_calls_says_so() {
     assert_eq!(e.tree_blocked_on(c).blocked, Blocked::Failed);
     assert_eq!(e.tree_blocked_on(c).conn, None);
 }
+
+/// Tree storage is handed over only while the engine is idle: an engine
+/// built without any refuses a tree call, runs one on storage it is given
+/// afterwards, and while that call runs refuses to give it up.
+#[test]
+fn tree_storage_is_handed_over_only_while_idle() {
+    type Grown = Engine<InOrderRing, [Channel<InOrderRing>; CAP], Vec<TreeChannel>>;
+    let mut e: Grown = Engine::with_trees(
+        Rank(0),
+        [Channel::new(), Channel::new()],
+        Vec::new(),
+        TIMEOUT,
+    );
+    let (call, plan) = tree_call();
+    let tree = |c| UniformTree::for_channel(1, 2, 1, c);
+    let r = e.start_tree(0, &call, &plan, g(), tree);
+    assert!(matches!(r, Err(EngineError::BadChannel { .. })), "{r:?}");
+    let old = e.replace_trees(vec![TreeChannel::new(), TreeChannel::new()]);
+    assert!(old.is_ok_and(|t| t.is_empty()));
+    e.start_tree(0, &call, &plan, g(), tree).unwrap();
+    assert!(matches!(
+        e.replace_trees(Vec::new()),
+        Err(EngineError::Busy)
+    ));
+    assert_eq!(e.tree_channels().len(), 2);
+    assert!(e.tree_machine(ringcc_core::ChannelId(0)).is_some());
+}
