@@ -34,10 +34,10 @@
 //! below it, and so on. NCCL's tree graph likewise starts each channel's
 //! chain at the GPU next to its NIC. Heads spread over the node this way
 //! share out the NVLink sends as well: a chain's head and tail send one
-//! way, its inner ranks both, so that with one head per GPU pair of
-//! channels a GPU sends `1.75 S` of an AllReduce of `S` bytes over 8 GPUs
-//! where a chain fixed at the node's first rank has its inner ranks send
-//! `2 S`. A rank thus has at most one parent (`up`) and at most three
+//! way, its inner ranks both, so that with each pair of channels headed
+//! by another of 8 GPUs no GPU sends more than `1.75 S` of an AllReduce of
+//! `S` bytes, where a chain fixed at the node's first rank has its inner
+//! ranks send `2 S`. A rank thus has at most one parent (`up`) and at most three
 //! children (`down`: two nodes' heads and the next rank of its node),
 //! NCCL's `tree.up` / `tree.down[NCCL_MAX_TREE_ARITY = 3]`.
 //!
