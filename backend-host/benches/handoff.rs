@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A cache line of its own.
+/// A word with a cache-line pair of its own (128 bytes: the adjacent-line
+/// prefetcher moves lines in pairs, which would couple two words 64 bytes
+/// apart).
 #[repr(align(128))]
 struct Line(AtomicU64);
 
