@@ -173,6 +173,12 @@ impl LaneTopo {
     }
 }
 
+/// The port number of NIC `nic` of node `node` on nodes of `nics` NICs:
+/// ports are numbered node-major, every NIC of node 0 first.
+pub(crate) fn nic_port(node: u32, nics: u16, nic: NicId) -> u32 {
+    node * u32::from(nics) + u32::from(nic.0)
+}
+
 /// The whole fabric.
 #[derive(Debug)]
 pub(crate) struct Fabric {
@@ -220,9 +226,7 @@ impl Fabric {
                 ));
             }
         }
-        let port_of = |node: u32, nic: NicId| -> u32 {
-            node * u32::from(cfg.nics_per_node) + u32::from(nic.0)
-        };
+        let port_of = |node: u32, nic: NicId| nic_port(node, cfg.nics_per_node, nic);
         let mut nvlinks: HashMap<(u32, u32), u32> = HashMap::new();
         let mut rings = Vec::new();
         let mut lanes = Vec::with_capacity((cfg.channels * n) as usize);

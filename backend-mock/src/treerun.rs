@@ -35,11 +35,12 @@ use ringcc_core::fifo::STEPS;
 use ringcc_core::prim::{tree_slice_result, TreeAction, TreeConn, TreeExec, TREE_CONNS};
 use ringcc_core::progress::Event;
 use ringcc_core::tree::{tree_nic, TreeDir, TreeOrder, UniformTree};
-use ringcc_core::{ChannelId, Primitive, Rank};
+use ringcc_core::{ChannelId, NicId, Primitive, Rank};
 
 use crate::error::Error;
 use crate::events::{Ev, Ps, Rate, Slab, NONE};
 use crate::exec::payload_missing;
+use crate::fabric::nic_port;
 use crate::lane::LaneState;
 use crate::sim::Sim;
 
@@ -342,8 +343,8 @@ impl Sim {
                 end.saturating_add(crate::events::ps(nvlink_lat))
             } else {
                 let nics = self.cfg.nics_per_node.max(1);
-                let nic = tree_nic(c, nics).map_or(0, |n| u32::from(n.0));
-                let port = (rank / self.cfg.gpus_per_node.max(1)) * u32::from(nics) + nic;
+                let nic = tree_nic(c, nics).unwrap_or(NicId(0));
+                let port = nic_port(rank / self.cfg.gpus_per_node.max(1), nics, nic);
                 let busy = self.tree.busy.entry(Tx::Nic(port)).or_insert(0);
                 let start = done.saturating_add(self.time.doorbell).max(*busy);
                 let end = start.saturating_add(
