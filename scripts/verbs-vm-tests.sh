@@ -99,6 +99,10 @@ BASE_BIN=${VERBS_BENCH_BASE:-}
 if [ -n "$BASE_BIN" ]; then
   case "$BASE_BIN" in /*) ;; *) BASE_BIN=$ROOT/$BASE_BIN;; esac
   [ -x "$BASE_BIN" ] || { echo "verbs-vm-tests: VERBS_BENCH_BASE=$BASE_BIN is not an executable" >&2; exit 2; }
+  # The VM sees this machine's /tmp as an empty tmpfs: run the copy in
+  # the shared scratch directory, wherever the binary was built.
+  cp "$BASE_BIN" "$RXE_VM_OUT/base-verbs_rank"
+  BASE_BIN=$RXE_VM_OUT/base-verbs_rank
 fi
 
 # What runs inside the VM.

@@ -26,8 +26,13 @@ use crate::store::{counter_value, ABORT_KEY};
 /// How long a write to one client may block.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How often the acceptor looks for new connections and for the stop.
-const ACCEPT_EVERY: Duration = Duration::from_millis(10);
+/// How long the acceptor waits for a connection before it looks for the
+/// stop. It wakes at once for a connection (it waits in `poll`, not in a
+/// sleep), and at once for the stop too (the server connects to itself);
+/// this bounds only a stop whose wake-up connection failed. (A 10 ms
+/// sleep between non-blocking accepts woke rank 0's process a hundred
+/// times a second for the job's whole life.)
+const ACCEPT_EVERY: Duration = Duration::from_millis(200);
 
 /// How often a waiting `get` looks whether its client is still there.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
@@ -172,6 +177,19 @@ impl TcpStoreServer {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Where this process reaches its own listener: its address, or
+    /// loopback for a listener on every interface.
+    fn wake_addr(&self) -> SocketAddr {
+        let mut a = self.addr;
+        if a.ip().is_unspecified() {
+            a.set_ip(match a.ip() {
+                std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        a
+    }
 }
 
 impl Drop for TcpStoreServer {
@@ -184,6 +202,10 @@ impl Drop for TcpStoreServer {
             self.shared.changed.notify_all();
         }
         if let Some(t) = self.acceptor.take() {
+            // Wake the acceptor from its `poll` (it sees `closing` before
+            // it would accept this); should the connection fail, it wakes
+            // within `ACCEPT_EVERY` anyway.
+            let _ = TcpStream::connect_timeout(&self.wake_addr(), ACCEPT_EVERY);
             let _ = t.join();
         }
         // No connection is added any more: close them all, then join.
@@ -206,14 +228,27 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.closing() {
         match listener.accept() {
             Ok((stream, peer)) => admit(stream, peer, shared),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_EVERY);
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait_readable(listener),
             Err(e) => {
                 warn!("rendezvous: accept failed: {e}");
                 std::thread::sleep(ACCEPT_EVERY);
             }
         }
+    }
+}
+
+/// Waits until `listener` has a connection to accept, at most
+/// [`ACCEPT_EVERY`] (a failed `poll` waits that long too: the caller's
+/// `accept` then says what is wrong).
+fn wait_readable(listener: &TcpListener) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let timeout = Timespec {
+        tv_sec: i64::try_from(ACCEPT_EVERY.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(ACCEPT_EVERY.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    if poll(&mut fds, Some(&timeout)).is_err() {
+        std::thread::sleep(ACCEPT_EVERY);
     }
 }
 
