@@ -238,9 +238,14 @@ pub(crate) struct VerbsSend {
     slot_wait: Duration,
 }
 
+/// A fault of this end's own bookkeeping on `channel`.
+fn internal(channel: ringcc_core::ChannelId, what: String) -> CommError {
+    CommError::Internal(format!("verbs, channel {channel}: {what}"))
+}
+
 impl VerbsSend {
     fn internal(&self, what: String) -> CommError {
-        CommError::Internal(format!("verbs, channel {}: {what}", self.hop.channel))
+        internal(self.hop.channel, what)
     }
 
     /// Takes the send queue's completions: data writes retired, their
@@ -367,11 +372,14 @@ impl SendEnd for VerbsSend {
             self.wait_staging(slot)?;
         }
         let at = u64::from(slot.0).saturating_mul(self.slot_bytes as u64);
-        let internal = self.internal(format!("slot {} beyond staging", slot.0));
+        // The error is made only when needed (this runs for every slot
+        // sent); the closure cannot borrow `self`, which the slice does.
+        let channel = self.hop.channel;
         // SAFETY: staging has no remote access, and no posted write reads
         // this slot (checked just above); the slice borrows `self`
         // mutably, so it ends before `post` hands the slot to the NIC.
-        unsafe { self.staging.bytes_mut(at, len) }.ok_or(internal)
+        unsafe { self.staging.bytes_mut(at, len) }
+            .ok_or_else(|| internal(channel, format!("slot {} beyond staging", slot.0)))
     }
 
     fn post(
