@@ -242,12 +242,9 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 /// `accept` then says what is wrong).
 fn wait_readable(listener: &TcpListener) {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let timeout = Timespec {
-        tv_sec: i64::try_from(ACCEPT_EVERY.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(ACCEPT_EVERY.subsec_nanos()),
-    };
+    let timeout = Timespec::try_from(ACCEPT_EVERY).ok();
     let mut fds = [PollFd::new(listener, PollFlags::IN)];
-    if poll(&mut fds, Some(&timeout)).is_err() {
+    if timeout.is_none() || poll(&mut fds, timeout.as_ref()).is_err() {
         std::thread::sleep(ACCEPT_EVERY);
     }
 }
