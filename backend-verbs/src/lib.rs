@@ -40,7 +40,12 @@
 //! completion and the mailbox into the engine's events
 //! ([`ringcc_core::protocol::arrival`]), lets the executor read the slot
 //! in place, and returns credit as a small RDMA WRITE WITH IMMEDIATE
-//! into the sender's counter. The caller's buffers never meet the NIC.
+//! into the sender's counter. A call of at least [`LEND_MIN`] bytes
+//! lends the sending ends its buffers
+//! ([`SendEnd::lend`](ringcc_comm::transport::SendEnd::lend)): they are
+//! registered for the call, read only, and a slice of the input, or of
+//! what a step wrote to the output, leaves straight from there; the call
+//! returns once those writes completed and the registrations are gone.
 //! What the two ends of a hop need of each other (queue pair address,
 //! addresses and keys) goes through the job's store while connecting
 //! (`exchange`). An idle rank sleeps on its bell; a thread per
@@ -72,6 +77,7 @@ use std::sync::Arc;
 
 pub use config::{options_from_env, options_from_vars, Fault, VerbsConfig, CHUNK_BYTES, GEOMETRY};
 pub use error::{BoxError, Error, Result};
+pub use send::LEND_MIN;
 pub use transport::VerbsTransport;
 
 /// Names of the RDMA devices on this host (empty when rdma-core or its

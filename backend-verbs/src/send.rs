@@ -5,7 +5,13 @@
 //! [`SendEnd::post`] hands the core protocol's work requests for the
 //! slice ([`SliceWrites`]: the call header inline into the mailbox, then
 //! the slots' bytes from staging, the last write WITH IMMEDIATE carrying
-//! the new `tail`) to the queue pair as they are. A send queue without
+//! the new `tail`) to the queue pair as they are. A call of at least
+//! [`LEND_MIN`] bytes lends the end its buffers ([`SendEnd::lend`]): they
+//! are registered for the call (read only, one registration per buffer
+//! and device, [`Leases`]), and a slice that lies in them — a send of the
+//! input, or of what the slice wrote to the output — leaves from there
+//! ([`SendEnd::post_from`]) instead of a staging copy; the call settles
+//! by waiting for those writes' completions. A send queue without
 //! room keeps them, in order, until completions make room
 //! ([`SendEnd::poll`] posts them): nothing is dropped. The successor's
 //! credit arrives as a WRITE WITH IMMEDIATE (the immediate: the low half
@@ -15,7 +21,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringcc_comm::transport::{FifoMemory, Hop, SendEnd};
+use ringcc_comm::transport::{post_staged, FifoMemory, Hop, SendEnd};
 use ringcc_comm::Error as CommError;
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::{Exec, SlotSpan};
@@ -32,13 +38,23 @@ use sideway::ibverbs::AccessFlags;
 use crate::error::{Error, Result};
 use crate::exchange::{RecvRecord, RemoteBuf, SendRecord};
 use crate::ib::cq::{status_name, CqChannel, Cqs};
-use crate::ib::mem::HostBuf;
+use crate::ib::mem::{HostBuf, Lease, Leases};
 use crate::ib::nic::Nic;
 use crate::ib::qp::{Init, Qp, QpAddr, Reset, RetryParams, Rts, RQ_DEPTH, SQ_DEPTH};
 use crate::inflight::{Outstanding, StagingUse};
 use crate::wake::Waker;
+use tracing::debug;
 
 type CommResult<T> = std::result::Result<T, CommError>;
+
+/// The smallest call (its buffers' bytes together) whose buffers are
+/// registered to send from ([`SendEnd::lend`]). Registering pins the
+/// pages (tens of µs per MiB, on Soft-RoCE as on hardware) and costs a
+/// system call or two; copying into staging costs about ten times that
+/// per byte on the host, and on Soft-RoCE, where the host's CPU is also
+/// the NIC, those copies were a tenth of a 16 MiB AllReduce's time.
+/// Below a MiB the fixed cost is about the copies' own.
+pub const LEND_MIN: usize = 1 << 20;
 
 /// Memory a peer writes into.
 pub(crate) const REMOTE: AccessFlags = AccessFlags::LocalWrite.or(AccessFlags::RemoteWrite);
@@ -102,6 +118,7 @@ pub(crate) fn check(wc: &Completion, kind: Kind, hop: Hop, peer: ringcc_core::Ra
 /// A sending end whose queue pair is not connected yet.
 pub(crate) struct SendHalf {
     qp: Qp<Init>,
+    leases: Arc<Leases>,
     counter: HostBuf,
     staging: HostBuf,
     cqs: Cqs,
@@ -135,6 +152,7 @@ impl SendHalf {
         let staging = unsafe { fifo_buf(nic, &geometry, lent, AccessFlags::none()) }?;
         Ok(SendHalf {
             qp,
+            leases: Arc::clone(&nic.leases),
             counter,
             staging,
             cqs,
@@ -187,6 +205,8 @@ impl SendHalf {
             .map_err(|_| CommError::Internal("verbs: a slot beyond memory".into()))?;
         Ok(VerbsSend {
             qp,
+            loans: Vec::new(),
+            leases: self.leases,
             _counter: self.counter,
             staging: self.staging,
             cqs: self.cqs,
@@ -209,10 +229,13 @@ impl SendHalf {
 /// The sending end of a connected hop.
 ///
 /// Field order is drop order: the queue pair goes first, so no request
-/// still reads staging (or lands in the counter) when the buffers are
-/// deregistered and freed; the waker goes last.
+/// still reads staging or lent memory (or lands in the counter) when the
+/// buffers are deregistered and freed; the waker goes last.
 pub(crate) struct VerbsSend {
     qp: Qp<Rts>,
+    /// The running call's buffers, registered ([`SendEnd::lend`]).
+    loans: Vec<Lease>,
+    leases: Arc<Leases>,
     /// The successor's `head`, written by it (the protocol's target;
     /// we read the immediates that come with it).
     _counter: HostBuf,
@@ -301,8 +324,11 @@ impl VerbsSend {
     ) -> CommResult<()> {
         // SAFETY: every gather entry names staging (registered under its
         // lkey, owned by this end and freed only after the queue pair is
-        // destroyed: field order); `slot_mut` lends a staging slot only
-        // once the write reading it has completed (`StagingUse`).
+        // destroyed: field order) or lent memory (registered under its
+        // lkey; the lender keeps it valid and unwritten until `settle`,
+        // which waits for these writes or deregisters it first);
+        // `slot_mut` lends a staging slot only once the write reading it
+        // has completed (`StagingUse`).
         let n = unsafe { self.qp.post_writes(wrs) }.map_err(|e| e.into_comm("ibv_post_send"))?;
         self.out.posted(wr_id, n);
         Ok(())
@@ -311,16 +337,31 @@ impl VerbsSend {
     /// Waits until no write reads staging slot `slot` (its completion is
     /// due: the successor has credited the step).
     fn wait_staging(&mut self, slot: SlotIndex) -> CommResult<()> {
+        self.wait_until(
+            |s| s.staged.is_free(slot),
+            || format!("that read staging slot {}", slot.0),
+        )
+    }
+
+    /// Reaps and flushes until `done` holds, yielding in between; a write
+    /// that takes longer than [`slot_wait`](VerbsSend::slot_wait) to
+    /// complete (`which`) is a timeout.
+    fn wait_until(
+        &mut self,
+        done: impl Fn(&VerbsSend) -> bool,
+        which: impl Fn() -> String,
+    ) -> CommResult<()> {
         let t0 = Instant::now();
-        while !self.staged.is_free(slot) {
+        while !done(self) {
             self.reap()?;
             self.flush()?;
             if t0.elapsed() > self.slot_wait {
                 return Err(CommError::Timeout {
                     waiting_for: format!(
-                        "verbs: the write to rank {} on channel {} that read staging slot {} \
-                         to complete",
-                        self.hop.receiver, self.hop.channel, slot.0
+                        "verbs: the write to rank {} on channel {} {} to complete",
+                        self.hop.receiver,
+                        self.hop.channel,
+                        which()
                     ),
                     after: t0.elapsed(),
                 });
@@ -328,6 +369,62 @@ impl VerbsSend {
             std::thread::yield_now();
         }
         Ok(())
+    }
+
+    /// Posts the slice at `span` (`bytes` from `local`: staging when
+    /// `staged`, else lent memory) with its call header when given.
+    fn post_local(
+        &mut self,
+        span: SlotSpan,
+        header: Option<&[u8; CALL_HEADER_LEN]>,
+        (local, staged): (LocalBuf, bool),
+        bytes: usize,
+    ) -> CommResult<()> {
+        let desc = match header {
+            Some(h) => {
+                let repr = CallHeader::new_checked(&h[..])
+                    .and_then(|v| CallHeaderRepr::parse(&v))
+                    .map_err(|e| Error::core("CallHeaderRepr::parse")(e).into_comm("post"))?;
+                Some(repr.desc)
+            }
+            None => None,
+        };
+        // The core forms a slice's requests from the engine's `Exec`; the
+        // send span, the byte count and the header are all it reads.
+        let exec = Exec {
+            primitive: Primitive::SEND,
+            chunk: ChunkId(0),
+            loop_index: 0,
+            step_index: 0,
+            slice: 0,
+            input_offset: 0,
+            output_offset: 0,
+            count: bytes as u64,
+            recv: None,
+            send: Some(span),
+            header: desc,
+        };
+        let wr_id = WrId::new(Kind::Data, self.hop.channel.0, span.end() as u32).encode();
+        let writes = SliceWrites::<1>::new(
+            &exec,
+            &self.geometry,
+            ringcc_core::DataType::U8,
+            local,
+            &self.fifo,
+            &self.mailbox,
+            wr_id,
+        )
+        .map_err(|e| Error::core("SliceWrites::new")(e).into_comm("post"))?;
+        if staged {
+            self.staged.posted(span.step, span.end());
+        }
+        let n = writes.len() as u32;
+        if self.waiting.is_empty() && self.out.has_room(n, SQ_DEPTH) {
+            self.post_now(wr_id, writes)
+        } else {
+            self.waiting.push_back((wr_id, writes.collect()));
+            Ok(())
+        }
     }
 }
 
@@ -389,30 +486,6 @@ impl SendEnd for VerbsSend {
         header: Option<&[u8; CALL_HEADER_LEN]>,
         bytes: usize,
     ) -> CommResult<()> {
-        let desc = match header {
-            Some(h) => {
-                let repr = CallHeader::new_checked(&h[..])
-                    .and_then(|v| CallHeaderRepr::parse(&v))
-                    .map_err(|e| Error::core("CallHeaderRepr::parse")(e).into_comm("post"))?;
-                Some(repr.desc)
-            }
-            None => None,
-        };
-        // The core forms a slice's requests from the engine's `Exec`; the
-        // send span, the byte count and the header are all it reads.
-        let exec = Exec {
-            primitive: Primitive::SEND,
-            chunk: ChunkId(0),
-            loop_index: 0,
-            step_index: 0,
-            slice: 0,
-            input_offset: 0,
-            output_offset: 0,
-            count: bytes as u64,
-            recv: None,
-            send: Some(span),
-            header: desc,
-        };
         let local = LocalBuf {
             addr: self
                 .staging
@@ -420,24 +493,80 @@ impl SendEnd for VerbsSend {
                 .wrapping_add(span.byte_offset(&self.geometry)),
             lkey: Lkey(self.staging.lkey()),
         };
-        let wr_id = WrId::new(Kind::Data, self.hop.channel.0, span.end() as u32).encode();
-        let writes = SliceWrites::<1>::new(
-            &exec,
-            &self.geometry,
-            ringcc_core::DataType::U8,
-            local,
-            &self.fifo,
-            &self.mailbox,
-            wr_id,
-        )
-        .map_err(|e| Error::core("SliceWrites::new")(e).into_comm("post"))?;
-        self.staged.posted(span.step, span.end());
-        let n = writes.len() as u32;
-        if self.waiting.is_empty() && self.out.has_room(n, SQ_DEPTH) {
-            self.post_now(wr_id, writes)
-        } else {
-            self.waiting.push_back((wr_id, writes.collect()));
-            Ok(())
+        self.post_local(span, header, (local, true), bytes)
+    }
+
+    /// From lent memory when `data` lies in it (and is cut into slots as
+    /// this end's are), else copied into staging.
+    fn post_from(
+        &mut self,
+        seq: u64,
+        span: SlotSpan,
+        header: Option<&[u8; CALL_HEADER_LEN]>,
+        data: &[u8],
+        slot_bytes: usize,
+    ) -> CommResult<()> {
+        match self.loans.iter().find_map(|l| l.lkey_of(data)) {
+            Some(lkey) if slot_bytes == self.slot_bytes => {
+                let local = LocalBuf {
+                    addr: data.as_ptr() as u64,
+                    lkey: Lkey(lkey),
+                };
+                self.post_local(span, header, (local, false), data.len())
+            }
+            _ => post_staged(self, seq, span, header, data, slot_bytes),
         }
+    }
+
+    /// Registers the call's buffers when the call is large enough
+    /// ([`LEND_MIN`]); a registration that fails leaves the call to
+    /// staging, as for a small one.
+    unsafe fn lend(&mut self, regions: &[&[u8]]) -> CommResult<bool> {
+        self.loans.clear();
+        let total = regions
+            .iter()
+            .fold(0usize, |t, r| t.saturating_add(r.len()));
+        if total < LEND_MIN {
+            return Ok(false);
+        }
+        for r in regions.iter().filter(|r| !r.is_empty()) {
+            // SAFETY: the caller's contract (`SendEnd::lend`) is the
+            // lease's: the memory stays valid until `settle` or drop,
+            // which end the loans after the writes reading them.
+            match unsafe { self.leases.lease(r) } {
+                Ok(lease) => self.loans.push(lease),
+                Err(e) => {
+                    debug!(
+                        channel = self.hop.channel.0,
+                        "verbs: sending from staging: {e}"
+                    );
+                    self.loans.clear();
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits for every write posted so far (those from lent memory among
+    /// them; the successor has credited them all, their completions are
+    /// due), then drops the registrations. Without `drain` (the call
+    /// failed) it drops them at once, with the slices still waiting for
+    /// room: the NIC can no longer read the memory through them.
+    fn settle(&mut self, drain: bool) -> CommResult<()> {
+        if self.loans.is_empty() {
+            return Ok(());
+        }
+        let r = if drain {
+            self.wait_until(
+                |s| s.out.is_empty() && s.waiting.is_empty(),
+                || "that read the call's buffers".into(),
+            )
+        } else {
+            self.waiting.clear();
+            Ok(())
+        };
+        self.loans.clear();
+        r
     }
 }

@@ -108,6 +108,16 @@ impl<'a> Buffers<'a> {
         }
     }
 
+    /// The call's memory as a send end may be lent it
+    /// ([`SendEnd::lend`](crate::transport::SendEnd::lend)): the input
+    /// and the output, or the one buffer in place (and an empty region).
+    pub(crate) fn regions(&self) -> [&[u8]; 2] {
+        match self {
+            Buffers::Apart { input, output } => [input, output],
+            Buffers::InPlace { buf, .. } => [buf, &[]],
+        }
+    }
+
     /// `len` output bytes from byte `off` of the output.
     pub(crate) fn output_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
         self.output(off, len)

@@ -123,6 +123,9 @@ pub(crate) struct Ring {
     lands: Option<Lands>,
     /// Bytes landed by the calls before the running one.
     landed: u64,
+    /// Per link, whether its send end holds the running call's buffers
+    /// ([`SendEnd::lend`]) and sends from them.
+    lent: Vec<bool>,
 }
 
 impl Ring {
@@ -153,6 +156,7 @@ impl Ring {
             bell,
             lands: None,
             landed: 0,
+            lent: Vec::new(),
         }
     }
 
@@ -250,13 +254,52 @@ impl Ring {
             ),
             None => None,
         };
-        match self.drive(call, bufs, geometry) {
+        let run = self
+            .lend(bufs)
+            .and_then(|()| self.drive(call, bufs, geometry));
+        // The loans end before the buffers go back to the caller: drained
+        // after a call that succeeded, dropped at once after a failure.
+        let settled = self.settle(run.is_ok());
+        match run.and(settled) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.poison(e.to_string());
                 Err(e)
             }
         }
+    }
+
+    /// Offers the call's buffers to the send ends of the channels it uses
+    /// ([`SendEnd::lend`]), noting which ends took them.
+    fn lend(&mut self, bufs: &Buffers<'_>) -> Result<()> {
+        self.lent.clear();
+        self.lent.resize(self.links.len(), false);
+        let regions = bufs.regions();
+        for (l, lent) in self.links.iter_mut().zip(&mut self.lent).take(self.used) {
+            // SAFETY: the regions are the call's buffers, borrowed until
+            // `run` returns, and `run` settles every loan before that
+            // (`settle`, on success and failure alike). The executor
+            // writes a byte it sent only as an element's final value,
+            // which exists only after the successor took the slice that
+            // carried this rank's contribution to it.
+            *lent = unsafe { l.send.lend(&regions) }?;
+        }
+        Ok(())
+    }
+
+    /// Ends every loan of the running call ([`SendEnd::settle`]): the
+    /// first failure, once every end let go.
+    fn settle(&mut self, drain: bool) -> Result<()> {
+        let mut first = Ok(());
+        for (l, lent) in self.links.iter_mut().zip(&mut self.lent) {
+            if std::mem::take(lent) {
+                let r = l.send.settle(drain);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+        }
+        first
     }
 
     fn drive(&mut self, call: &Call, bufs: &mut Buffers<'_>, geometry: FifoGeometry) -> Result<()> {
@@ -276,6 +319,8 @@ impl Ring {
                             Some(l) => (Some(&*l.recv), Some(&mut *l.send)),
                             None => (None, None),
                         };
+                        let from_buffers = self.lent.get(usize::from(c.0)) == Some(&true)
+                            || send.as_deref().is_some_and(|s| s.prefers_post_from());
                         let payload = exec(
                             c,
                             &e,
@@ -284,7 +329,7 @@ impl Ring {
                             slot_bytes,
                             bufs,
                             (recv, self.lands.as_ref()),
-                            send,
+                            (send, from_buffers),
                             &mut self.scratch,
                         )?;
                         if let (Some(span), Some(l)) =

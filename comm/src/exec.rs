@@ -31,10 +31,12 @@ pub(crate) enum Payload {
 /// the channel's ends. Returns where the slice's send bytes are (to be
 /// posted by the caller; `Staged(0)` when it sends nothing).
 ///
-/// When the send end [prefers](SendEnd::prefers_post_from) it and the
-/// bytes to send lie in the caller's buffers anyway — a send of the
-/// input, or a send of what the slice also writes to the output — they
-/// are not copied into the send slots: the end sends them from there.
+/// When the send end posts from the caller's buffers (`from_buffers`:
+/// it [prefers](SendEnd::prefers_post_from) it, or they are
+/// [lent](SendEnd::lend) to it) and the bytes to send lie there anyway —
+/// a send of the input, or a send of what the slice also writes to the
+/// output — they are not copied into the send slots: the end sends them
+/// from there.
 #[expect(
     clippy::too_many_arguments,
     reason = "one slice's whole context; a struct would only rename it"
@@ -47,7 +49,7 @@ pub(crate) fn exec(
     slot_bytes: usize,
     bufs: &mut Buffers,
     (recv, lands): (Option<&dyn RecvEnd>, Option<&Lands>),
-    mut send: Option<&mut (dyn SendEnd + 'static)>,
+    (mut send, from_buffers): (Option<&mut (dyn SendEnd + 'static)>, bool),
     scratch: &mut Vec<u8>,
 ) -> Result<Payload> {
     let internal = |what: &str| Error::Internal(format!("channel {c}: {what}"));
@@ -69,9 +71,10 @@ pub(crate) fn exec(
         source,
     };
     // A send of the input (no receive), or of what the slice writes to
-    // the output (COPY): from the buffers, when the end prefers it.
+    // the output (COPY): from the buffers, when the end posts from them.
     let direct = e.send.is_some()
-        && send.as_deref().is_some_and(|s| s.prefers_post_from())
+        && from_buffers
+        && send.is_some()
         && (!p.contains(Primitive::RECV) || p.contains(Primitive::COPY));
     let send_span = if direct { None } else { e.send };
     let mut done = 0usize;

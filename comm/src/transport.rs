@@ -167,9 +167,11 @@ pub trait SendEnd: Send {
     /// Publishes the slice `data` (the caller's memory: the bytes the
     /// executor would have written into the span's slots, each slot
     /// `slot_bytes` full but the last) as [`post`](SendEnd::post) does.
-    /// Nothing of `data` is referenced once this returns: what the end
-    /// cannot hand over at once, it copies. The default copies `data`
-    /// into the span's slots and posts them.
+    /// Nothing of `data` is referenced once this returns — what the end
+    /// cannot hand over at once, it copies — unless `data` lies in
+    /// memory [lent](SendEnd::lend) to the end for the running call. The
+    /// default copies `data` into the span's slots and posts them
+    /// ([`post_staged`]).
     fn post_from(
         &mut self,
         seq: u64,
@@ -178,13 +180,58 @@ pub trait SendEnd: Send {
         data: &[u8],
         slot_bytes: usize,
     ) -> Result<()> {
-        for (k, part) in data.chunks(slot_bytes.max(1)).enumerate() {
-            let step = span.step.saturating_add(k as u64);
-            self.slot_mut(ringcc_core::fifo::slot_of(step), part.len())?
-                .copy_from_slice(part);
-        }
-        self.post(seq, span, header, data.len())
+        post_staged(self, seq, span, header, data, slot_bytes)
     }
+
+    /// Offers the running call's buffers (`regions`: the input and the
+    /// output, or the one buffer of a call in place) to an end whose
+    /// hardware reads memory by itself (a NIC): it may prepare them
+    /// (register them) and then [`post_from`](SendEnd::post_from) slices
+    /// that lie in them without copying them first, the hardware reading
+    /// them after `post_from` returns. Whether it will (the default: no,
+    /// nothing is kept). An end that cannot prepare them says no; that
+    /// is no error.
+    ///
+    /// # Safety
+    /// Every region must stay valid until [`settle`](SendEnd::settle)
+    /// returns or the end is dropped, and no byte of a slice posted from
+    /// them may be written before that slice has reached the successor
+    /// (the executor writes a byte it sent only as the final value of an
+    /// element, which exists only after the successor took this rank's
+    /// contribution).
+    unsafe fn lend(&mut self, regions: &[&[u8]]) -> Result<bool> {
+        let _ = regions;
+        Ok(false)
+    }
+
+    /// Ends a [loan](SendEnd::lend): waits (`drain`; bounded) until no
+    /// request the end posted still reads lent memory, then lets the
+    /// memory go. Without `drain` (the call failed) it lets go at once,
+    /// after which the hardware can no longer reach the memory. Nothing
+    /// to do without a loan (the default).
+    fn settle(&mut self, drain: bool) -> Result<()> {
+        let _ = drain;
+        Ok(())
+    }
+}
+
+/// [`SendEnd::post_from`] by copying: `data` into the span's slots
+/// ([`SendEnd::slot_mut`]), then [`SendEnd::post`]. For an end that
+/// sends some slices from the caller's memory and stages the others.
+pub fn post_staged<E: SendEnd + ?Sized>(
+    end: &mut E,
+    seq: u64,
+    span: SlotSpan,
+    header: Option<&[u8; CALL_HEADER_LEN]>,
+    data: &[u8],
+    slot_bytes: usize,
+) -> Result<()> {
+    for (k, part) in data.chunks(slot_bytes.max(1)).enumerate() {
+        let step = span.step.saturating_add(k as u64);
+        end.slot_mut(ringcc_core::fifo::slot_of(step), part.len())?
+            .copy_from_slice(part);
+    }
+    end.post(seq, span, header, data.len())
 }
 
 /// Where an idle rank sleeps instead of napping: a word bumped (and the

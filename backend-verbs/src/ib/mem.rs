@@ -2,9 +2,9 @@
 //! credit counters, staging), and FIFO memory a caller lends an end
 //! ([`FifoMemory`]: a device loop's staging regions, which the NIC then
 //! reads and writes in place; device memory too, lent as a dma-buf:
-//! GPUDirect RDMA). A communicator's call buffers are never
-//! registered: the executor reads the incoming slot in place and writes
-//! the outgoing one into staging.
+//! GPUDirect RDMA), and a communicator call's buffers for the length of
+//! the call ([`Leases`]: read-only registrations, so that a large call's
+//! sends leave from the caller's memory instead of a staging copy).
 //!
 //! The unsafe part is small and in one place: memory that a NIC may write
 //! is only ever handed out as a byte slice for a range the slot protocol
@@ -12,7 +12,7 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use ringcc_comm::transport::FifoMemory;
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -238,5 +238,97 @@ impl HostBuf {
         // bytes a NIC may be writing yields some value of them: callers
         // only compare counters (monotonic) or parse a header (checked).
         Some(unsafe { std::ptr::read_volatile(p as *const [u8; N]) })
+    }
+}
+
+/// The caller's memory registered for one call (local read only: the NIC
+/// reads the slices it sends and never writes), shared by the ends on
+/// one protection domain: every sending end of a call is lent the same
+/// buffers, and one registration serves them all. A registration lives
+/// while some end holds it ([`Lease`]); the ends let go when the call
+/// ends, so nothing stays registered past the call that lent the memory
+/// (a cache across calls would keep pinning pages the caller may have
+/// freed and reused).
+pub(crate) struct Leases {
+    pd: Arc<ProtectionDomain>,
+    device: String,
+    live: Mutex<Vec<(usize, usize, Weak<MemoryRegion>)>>,
+}
+
+/// One end's hold on a registration of lent memory.
+#[derive(Clone)]
+pub(crate) struct Lease {
+    addr: usize,
+    len: usize,
+    mr: Arc<MemoryRegion>,
+}
+
+impl Lease {
+    /// The local key of the bytes `data`, when they lie in this lease.
+    pub fn lkey_of(&self, data: &[u8]) -> Option<u32> {
+        within((self.addr, self.len), (data.as_ptr() as usize, data.len())).then(|| self.mr.lkey())
+    }
+}
+
+/// Whether the bytes `(at, len)` lie in the region `(addr, size)`.
+fn within((addr, size): (usize, usize), (at, len): (usize, usize)) -> bool {
+    match (at.checked_add(len), addr.checked_add(size)) {
+        (Some(end), Some(limit)) => at >= addr && end <= limit,
+        _ => false,
+    }
+}
+
+impl Leases {
+    pub fn new(pd: &Arc<ProtectionDomain>, device: &str) -> Leases {
+        Leases {
+            pd: Arc::clone(pd),
+            device: device.to_owned(),
+            live: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `mem`, registered for local reads: the registration some end
+    /// already holds for exactly these bytes, else a new one.
+    ///
+    /// # Safety
+    /// `mem` stays valid until every [`Lease`] of it is dropped and no
+    /// request that reads it is still in flight (the caller's contract
+    /// of [`SendEnd::lend`](ringcc_comm::transport::SendEnd::lend)).
+    pub unsafe fn lease(&self, mem: &[u8]) -> Result<Lease> {
+        let (addr, len) = (mem.as_ptr() as usize, mem.len());
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|(_, _, mr)| mr.strong_count() > 0);
+        if let Some(mr) = live
+            .iter()
+            .find(|&&(a, l, _)| (a, l) == (addr, len))
+            .and_then(|(_, _, mr)| mr.upgrade())
+        {
+            return Ok(Lease { addr, len, mr });
+        }
+        // SAFETY: `mem` is valid for `len` bytes for as long as the
+        // registration lives (the caller's contract); local read access
+        // lets the NIC only read it.
+        let mr = unsafe { self.pd.reg_mr(addr, len.max(1), AccessFlags::none()) }
+            .map_err(Error::verbs("ibv_reg_mr", &self.device))?;
+        live.push((addr, len, Arc::downgrade(&mr)));
+        Ok(Lease { addr, len, mr })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn a_slice_is_sent_from_a_lease_only_when_it_lies_in_it() {
+        let region = (4096, 1000);
+        assert!(within(region, (4096, 1000)));
+        assert!(within(region, (4500, 596)));
+        assert!(within(region, (5096, 0)));
+        assert!(!within(region, (4500, 597)));
+        assert!(!within(region, (4095, 1)));
+        assert!(!within(region, (5097, 0)));
+        assert!(!within(region, (usize::MAX, 2)));
+        assert!(!within((usize::MAX, 2), (usize::MAX, 0)));
     }
 }

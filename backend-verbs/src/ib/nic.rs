@@ -9,6 +9,7 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use tracing::{debug, info};
 
 use crate::error::{Error, Result};
+use crate::ib::mem::Leases;
 
 /// `IBV_PORT_ACTIVE`.
 const PORT_ACTIVE: u32 = 4;
@@ -29,6 +30,8 @@ pub(crate) struct Nic {
     /// Whether the device registers dma-buf memory (GPUDirect RDMA of
     /// device memory), and if not, why (see [`dma_buf_support`]).
     pub dma_buf: std::result::Result<(), String>,
+    /// Call buffers registered for the sending ends on this device.
+    pub leases: Arc<Leases>,
 }
 
 /// The names of the RDMA devices present, sorted.
@@ -93,6 +96,7 @@ impl Nic {
         let dma_buf = dma_buf_support(&pd);
         debug!(device = name, dma_buf = ?dma_buf, "verbs: dma-buf registration");
         Ok(Nic {
+            leases: Arc::new(Leases::new(&pd, name)),
             dma_buf,
             name: name.to_owned(),
             port,

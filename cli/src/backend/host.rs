@@ -167,8 +167,8 @@ impl PerfBackend for HostBackend {
             NcclFlag::CudaGraph => format!("the {name} backend moves host memory: no CUDA graph"),
             NcclFlag::LocalRegister => match self.fabric {
                 Fabric::Host => "host memory needs no registration".into(),
-                Fabric::Verbs => "the NIC never reads a caller's buffer (slices go through \
-                                  registered staging): there is nothing to register"
+                Fabric::Verbs => "a call of a MiB or more registers its buffers for its own \
+                                  length and the NIC sends from them; none is kept across calls"
                     .into(),
             },
             NcclFlag::AggIters => {
