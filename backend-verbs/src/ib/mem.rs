@@ -256,7 +256,6 @@ pub(crate) struct Leases {
 }
 
 /// One end's hold on a registration of lent memory.
-#[derive(Clone)]
 pub(crate) struct Lease {
     addr: usize,
     len: usize,
