@@ -511,11 +511,14 @@ fn fault_an_absent_rank_times_out_its_neighbours_with_the_engines_stall_report()
     );
 }
 
+/// 1 MiB calls: their buffers are lent to the send ends
+/// ([`ringcc_verbs::LEND_MIN`]), so the survivors' failed calls end
+/// their loans with writes still in flight.
 fn killed(victim: u32) {
     let n = 4;
     let mut job = Job::start(
         n,
-        &["loop", "--bytes", "262144", "--seconds", "300"],
+        &["loop", "--bytes", "1048576", "--seconds", "300"],
         |_| vars(&[("RINGCC_TIMEOUT_MS", "15000")]),
     );
     for r in 0..n {
