@@ -174,7 +174,7 @@ pub(crate) struct VerbsRecv {
 
 impl VerbsRecv {
     fn internal(&self, what: String) -> CommError {
-        CommError::Internal(format!("verbs, channel {}: {what}", self.hop.channel))
+        crate::send::internal(self.hop.channel, what)
     }
 
     /// Takes the send queue's completions (credit returns retired).

@@ -262,7 +262,7 @@ pub(crate) struct VerbsSend {
 }
 
 /// A fault of this end's own bookkeeping on `channel`.
-fn internal(channel: ringcc_core::ChannelId, what: String) -> CommError {
+pub(crate) fn internal(channel: ringcc_core::ChannelId, what: String) -> CommError {
     CommError::Internal(format!("verbs, channel {channel}: {what}"))
 }
 
