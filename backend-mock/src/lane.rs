@@ -7,8 +7,8 @@
 use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
-use ringcc_core::prim::{Action, Next};
-use ringcc_core::progress::{Channel, Engine, EngineError, Event, TreeChannel};
+use ringcc_core::prim::Action;
+use ringcc_core::progress::{Channel, Driven, Drove, Engine, EngineError, Event, TreeChannel};
 use ringcc_core::protocol::post::widen_step;
 use ringcc_core::{CallDesc, ChannelId, Rank};
 
@@ -455,10 +455,12 @@ impl Sim {
             }
             return;
         }
+        // The credits that have arrived: the newest is what the machine
+        // needs (heads only grow; an older one would be ignored after it).
         let lanes = &mut self.lanes;
         let lane = &mut lanes.hot[l as usize];
-        let engine = &mut lanes.engines[rank as usize];
-        while let Some((at, head)) = lane.credits.front() {
+        let mut head = None;
+        while let Some((at, h)) = lane.credits.front() {
             if at > now {
                 break;
             }
@@ -466,27 +468,33 @@ impl Sim {
             if lane.credits.spilled {
                 refill_credits(&mut lane.credits, &mut lanes.cold[l as usize].credits);
             }
-            let head = widen_step(head, lane.send_head);
-            if head > lane.send_head {
-                if let Err(e) = engine.handle(now, c, Event::Head(head)) {
-                    let err = self.engine_error(rank, e);
-                    self.fail_lane(l, err);
-                    return;
-                }
-                lane.send_head = head;
+            let h = widen_step(h, lane.send_head);
+            if h > lane.send_head {
+                lane.send_head = h;
+                head = Some(h);
             }
         }
         let mut event = event;
         loop {
-            let lanes = &mut self.lanes;
-            let engine = &mut lanes.engines[rank as usize];
-            let polled = match event.take() {
-                Some(ev) => engine.handle_poll(now, c, ev),
-                None => engine.poll_channel(c),
+            let driven = self.lanes.engines[rank as usize].drive(now, c, head.take(), event.take());
+            let Driven { credit, then } = match driven {
+                Ok(d) => d,
+                Err(e) => {
+                    let err = self.engine_error(rank, e);
+                    self.fail_lane(l, err);
+                    return;
+                }
             };
-            match polled {
-                Ok(Some(Next::Exec)) => {
-                    let Some(e) = engine.pending(c) else {
+            if let Some(h) = credit {
+                if let Err(err) = self.return_credit(l, h) {
+                    self.fail_lane(l, err);
+                    return;
+                }
+            }
+            match then {
+                Drove::Exec => {
+                    let lanes = &mut self.lanes;
+                    let Some(e) = lanes.engines[rank as usize].pending(c) else {
                         return;
                     };
                     lanes.hot[l as usize].credit_blocked = false;
@@ -495,24 +503,26 @@ impl Sim {
                     }
                     return;
                 }
-                Ok(Some(Next::ReturnCredit { head })) => {
+                Drove::Credit { head } => {
                     if let Err(err) = self.return_credit(l, head) {
                         self.fail_lane(l, err);
                         return;
                     }
                 }
-                Ok(Some(Next::Done)) => {
+                Drove::Done => {
                     self.lane_done(l);
                     return;
                 }
-                Ok(None) => {
-                    let blocked = engine.waits_for_credit(c);
-                    wait_for_credit(&mut self.events, l, &mut lanes.hot[l as usize], blocked);
+                Drove::Wait { credit } => {
+                    wait_for_credit(&mut self.events, l, &mut self.lanes.hot[l as usize], credit);
                     return;
                 }
-                Err(e) => {
-                    let err = self.engine_error(rank, e);
-                    self.fail_lane(l, err);
+                Drove::Failed => {
+                    let engine = &self.lanes.engines[rank as usize];
+                    if let Some(e) = engine.failure() {
+                        let err = self.engine_error(rank, e);
+                        self.fail_lane(l, err);
+                    }
                     return;
                 }
             }

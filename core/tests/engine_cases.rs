@@ -10,7 +10,9 @@ mod engine_world;
 use engine_world::{CallSpec, Mode, Perm, World, CAP};
 use ringcc_core::fifo::FifoGeometry;
 use ringcc_core::prim::{Action, Blocked, LinkState, Next};
-use ringcc_core::progress::{ArrayEngine, Channel, Engine, EngineError, Event, Stall};
+use ringcc_core::progress::{
+    ArrayEngine, Channel, Driven, Drove, Engine, EngineError, Event, Stall,
+};
 use ringcc_core::rng::Rng;
 use ringcc_core::{
     Call, CallDesc, ChannelId, Collective, DataType, Error, InOrderRing, ProtocolViolation, Rank,
@@ -731,6 +733,59 @@ fn an_event_with_its_first_poll_counts_as_progress() {
             capacity: CAP as u32
         })
     );
+}
+
+#[test]
+fn drive_runs_an_events_loop_in_one_call() {
+    // `drive` is the event (and credit) with every poll after it until
+    // the channel waits: on one rank, each `ExecDone` ends in the next
+    // exec, the last in `Done`; the deadline moves with each event; a
+    // poll with no event moves it not.
+    let call = Call::all_reduce(64, DataType::I32, ReduceOp::Sum);
+    let mut e = engine(0);
+    start(&mut e, 0, &call, 1, 1).unwrap();
+    let c = ChannelId(0);
+    let first = e.drive(0, c, None, None).unwrap();
+    assert_eq!(
+        first,
+        Driven {
+            credit: None,
+            then: Drove::Exec
+        }
+    );
+    assert!(e.pending(c).is_some());
+    // The exec outstanding, nothing more without an event.
+    let again = e.drive(50, c, None, None).unwrap();
+    assert_eq!(again.then, Drove::Wait { credit: false });
+    assert_eq!(e.poll_timeout(), Some(TIMEOUT), "no event, no progress");
+    let (mut now, mut execs) = (0, 1);
+    loop {
+        now += 700;
+        let d = e.drive(now, c, None, Some(Event::ExecDone)).unwrap();
+        assert_eq!(d.credit, None, "one rank returns no credit");
+        match d.then {
+            Drove::Exec => execs += 1,
+            Drove::Done => break,
+            other => panic!("a one-rank call does not {other:?}"),
+        }
+        assert_eq!(e.poll_timeout(), Some(now + TIMEOUT));
+    }
+    assert!(execs > 1);
+    assert!(e.is_idle());
+    // Idle: an event on a channel outside any running call only moves
+    // its counters; a channel the storage lacks is refused.
+    let idle = e.drive(now, c, Some(0), Some(Event::Tail(0))).unwrap();
+    assert_eq!(idle.then, Drove::Wait { credit: false });
+    assert_eq!(
+        e.drive(now, ChannelId(9), None, Some(Event::Tail(1))),
+        Err(EngineError::BadChannel {
+            channel: 9,
+            capacity: CAP as u32
+        })
+    );
+    // A poisoned engine refuses before anything.
+    e.abort();
+    assert_eq!(e.drive(now, c, None, None), Err(EngineError::Poisoned));
 }
 
 // ---- calls over different channel counts -------------------------------

@@ -13,7 +13,7 @@ use std::collections::{HashSet, VecDeque};
 
 use ringcc_core::fifo::{FifoGeometry, STEPS};
 use ringcc_core::prim::{slice_result, Action, Blocked, Exec, Next};
-use ringcc_core::progress::{ArrayEngine, EngineError, Event};
+use ringcc_core::progress::{ArrayEngine, Driven, Drove, EngineError, Event};
 use ringcc_core::rng::Rng;
 use ringcc_core::verify::{fill_expected, fill_input};
 use ringcc_core::{Call, ChannelId, Error, Plan, Primitive, Rank, RingIndex, RingOrder};
@@ -656,6 +656,10 @@ impl World {
     /// carried out at once, as a backend driving one channel does.
     fn handle(&mut self, r: u32, c: u8, ev: Event) {
         let now = self.now;
+        if self.per_channel && self.rng.chance(0.4) {
+            self.drive(r, c, ev);
+            return;
+        }
         let with_poll = self.per_channel && self.rng.chance(0.5);
         let st = &mut self.ranks[r as usize];
         let first = if with_poll {
@@ -693,6 +697,57 @@ impl World {
             if self.ranks[r as usize].engine.is_idle() {
                 self.finish_call(r);
             }
+        }
+    }
+
+    /// Hands rank `r` `ev` on channel `c` through `Engine::drive`: the
+    /// event's whole loop on the channel in one call (a credit as its
+    /// `head` argument half the time), every credit and exec carried out
+    /// as it comes, until the channel waits — as the simulator drives.
+    fn drive(&mut self, r: u32, c: u8, ev: Event) {
+        let now = self.now;
+        let ch = ChannelId(c);
+        let (mut head, mut event) = match ev {
+            Event::Head(h) if self.rng.chance(0.5) => (Some(h), None),
+            ev => (None, Some(ev)),
+        };
+        self.ranks[r as usize].dirty = true;
+        for rounds in 0.. {
+            assert!(rounds < 100_000, "rank {r} ch {c}: credits without end");
+            let st = &mut self.ranks[r as usize];
+            let Driven { credit, then } = match st.engine.drive(now, ch, head.take(), event.take())
+            {
+                Ok(d) => d,
+                Err(e) => return self.fail(r, "drive", e),
+            };
+            if let Some(head) = credit {
+                self.carry(r, ch, Action::ReturnCredit { head });
+            }
+            let st = &mut self.ranks[r as usize];
+            match then {
+                Drove::Exec => {
+                    let e = st.engine.pending(ch).expect("the exec is pending");
+                    self.carry(r, ch, Action::Exec(e));
+                }
+                Drove::Credit { head } => {
+                    self.carry(r, ch, Action::ReturnCredit { head });
+                    continue;
+                }
+                Drove::Done => {
+                    self.carry(r, ch, Action::Done);
+                    if self.ranks[r as usize].engine.is_idle() {
+                        self.finish_call(r);
+                    }
+                }
+                Drove::Wait { credit } => {
+                    assert_eq!(credit, st.engine.waits_for_credit(ch), "rank {r} ch {c}");
+                }
+                Drove::Failed => {
+                    let e = st.engine.failure().expect("a failed drive poisons");
+                    return self.fail(r, "drive", e);
+                }
+            }
+            return;
         }
     }
 
