@@ -757,29 +757,17 @@ impl<
         event: Event,
     ) -> Result<Option<Next>, EngineError> {
         self.check()?;
-        let capacity = self.capacity();
         let i = u32::from(c.0);
         let b = bit(i);
         let open = self.open & b != 0;
-        let Some(Channel {
-            machine: Some(m), ..
-        }) = self
-            .channels
-            .as_mut()
-            .get_mut(i as usize)
-            .filter(|_| i < capacity)
-        else {
+        let Some(m) = machine_at(self.channels.as_mut(), i, self.capacity) else {
             // No machine (or no such channel): the event only moves the
             // link's counters, or is refused.
             self.handle(now, c, event)?;
             return self.poll_channel(c);
         };
-        if let Err((during, source)) = machine_event(m, event) {
-            return Err(self.poison(EngineError::Machine {
-                channel: c,
-                during,
-                source,
-            }));
+        if let Err(e) = feed(m, c, event) {
+            return Err(self.poison(e));
         }
         self.last_progress = now;
         // A channel outside the running call has no action (and is never
@@ -858,18 +846,10 @@ impl<
         event: Option<Event>,
     ) -> Result<Driven, EngineError> {
         self.check()?;
-        let capacity = self.capacity();
         let i = u32::from(c.0);
         let b = bit(i);
         let open = self.open & b != 0;
-        let Some(Channel {
-            machine: Some(m), ..
-        }) = self
-            .channels
-            .as_mut()
-            .get_mut(i as usize)
-            .filter(|_| i < capacity)
-        else {
+        let Some(m) = machine_at(self.channels.as_mut(), i, self.capacity) else {
             // No machine (or no such channel): the events only move the
             // link's counters, or are refused; nothing to poll.
             if let Some(h) = head {
@@ -884,22 +864,14 @@ impl<
             });
         };
         if let Some(h) = head {
-            if let Err((during, source)) = machine_event(m, Event::Head(h)) {
-                return Err(self.poison(EngineError::Machine {
-                    channel: c,
-                    during,
-                    source,
-                }));
+            if let Err(e) = feed(m, c, Event::Head(h)) {
+                return Err(self.poison(e));
             }
             self.last_progress = now;
         }
         if let Some(ev) = event {
-            if let Err((during, source)) = machine_event(m, ev) {
-                return Err(self.poison(EngineError::Machine {
-                    channel: c,
-                    during,
-                    source,
-                }));
+            if let Err(e) = feed(m, c, ev) {
+                return Err(self.poison(e));
             }
             self.last_progress = now;
         }
@@ -1352,6 +1324,27 @@ impl Unset for TreeChannel {
     fn unset(&mut self) {
         self.machine = None;
     }
+}
+
+/// The machine of channel `i` of `channels`, when the storage has that
+/// channel within `capacity` and a call gave it one.
+#[inline(always)]
+fn machine_at<M>(channels: &mut [Channel<M>], i: u32, capacity: u8) -> Option<&mut Machine<M>> {
+    channels
+        .get_mut(i as usize)
+        .filter(|_| i < u32::from(capacity))
+        .and_then(|ch| ch.machine.as_mut())
+}
+
+/// [`machine_event`] on channel `c`, a refusal as the engine's error
+/// (which the caller poisons the engine with).
+#[inline(always)]
+fn feed<M: RingOrder>(m: &mut Machine<M>, c: ChannelId, event: Event) -> Result<(), EngineError> {
+    machine_event(m, event).map_err(|(during, source)| EngineError::Machine {
+        channel: c,
+        during,
+        source,
+    })
 }
 
 /// Hands a running channel's machine `event`: the name of the handler
