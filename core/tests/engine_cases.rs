@@ -786,6 +786,17 @@ fn drive_runs_an_events_loop_in_one_call() {
     // A poisoned engine refuses before anything.
     e.abort();
     assert_eq!(e.drive(now, c, None, None), Err(EngineError::Poisoned));
+    // On a channel no call has used yet, a credit is checked as `handle`
+    // checks it: none can be due before this rank sent anything.
+    let mut fresh = engine(0);
+    assert!(matches!(
+        fresh.drive(0, ChannelId(1), Some(3), None),
+        Err(EngineError::Machine {
+            during: "handle_head",
+            source: Error::Protocol(ProtocolViolation::HeadAhead),
+            ..
+        })
+    ));
 }
 
 // ---- calls over different channel counts -------------------------------
