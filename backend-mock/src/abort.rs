@@ -10,7 +10,7 @@ use crate::events::{secs, Ev, Ps};
 use crate::lane::LaneState;
 use crate::sim::{RankState, Sim};
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     pub(crate) fn aborted_error(&self, rank: u32, origin: u32) -> Error {
         let cause = match &self.ranks[origin as usize] {
             RankState { error: Some(e), .. } => e.clone(),

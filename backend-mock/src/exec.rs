@@ -32,7 +32,7 @@ pub(crate) struct Xfer {
     pub data: Vec<u8>,
 }
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     #[inline(always)]
     pub(crate) fn start_exec(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
         let now = self.events.now();

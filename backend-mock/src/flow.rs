@@ -27,7 +27,7 @@ use crate::rnic::frame::write_wire_bytes;
 use crate::sim::Sim;
 use crate::trace::Rec;
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     /// Sends lane `l`'s finished slice `e` to its successor over RDMA.
     pub(crate) fn net_send(&mut self, l: u32, e: &Exec) -> Result<(), Error> {
         if self.cfg.payload {

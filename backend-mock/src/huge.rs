@@ -10,15 +10,10 @@
 //! before it is first touched. (A `Vec` of exactly 2 MiB, as the lanes
 //! of 1024 ranks were, starts anywhere and gets none.) Smaller arrays are
 //! ordinary allocations.
-//!
-//! [`HugeSlice::split`] hands each rank a window of one array, the
-//! storage its engine owns: every rank's channels sit together, on a few
-//! huge pages, rather than in a thousand small allocations.
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 /// A huge page.
 const HUGE: usize = 2 << 20;
@@ -99,26 +94,6 @@ impl<T> HugeSlice<T> {
         }
         HugeSlice { ptr, len }
     }
-
-    /// Splits the array into windows of `chunk` values each (the last one
-    /// shorter if `chunk` does not divide the length), which keep the
-    /// array alive between them.
-    pub fn split(self, chunk: usize) -> Vec<Window<T>> {
-        let chunk = chunk.max(1);
-        let (ptr, len) = (self.ptr, self.len);
-        let owner = Arc::new(self);
-        (0..len)
-            .step_by(chunk)
-            .map(|start| Window {
-                // SAFETY: `start < len`: inside the array (or, for a
-                // zero-sized `T`, the dangling pointer itself).
-                #[expect(unsafe_code, reason = "see the SAFETY comment")]
-                ptr: unsafe { ptr.add(start) },
-                len: chunk.min(len - start),
-                _owner: Arc::clone(&owner),
-            })
-            .collect()
-    }
 }
 
 impl<T> Drop for HugeSlice<T> {
@@ -168,84 +143,30 @@ impl<T: std::fmt::Debug> std::fmt::Debug for HugeSlice<T> {
     }
 }
 
-/// One window of a [`HugeSlice`] (see [`HugeSlice::split`]): a `&mut [T]`
-/// that owns a share of the array, so that it can live in a rank's
-/// engine beside the other ranks' windows.
-pub(crate) struct Window<T> {
-    ptr: NonNull<T>,
-    len: usize,
-    /// Keeps the array alive; never read: the windows are disjoint and
-    /// each is the only way to its values.
-    _owner: Arc<HugeSlice<T>>,
-}
-
-// SAFETY: a window is the only access to its values (the windows of an
-// array are disjoint, and the array itself is reachable only through
-// them), so it owns them as a `Box<[T]>` would; the shared owner only
-// frees them, after the last window is gone.
-#[expect(unsafe_code, reason = "see the SAFETY comment")]
-unsafe impl<T: Send + Sync> Send for Window<T> {}
-// SAFETY: as for `Send`: `&Window<T>` gives only `&[T]`.
-#[expect(unsafe_code, reason = "see the SAFETY comment")]
-unsafe impl<T: Send + Sync> Sync for Window<T> {}
-
-impl<T> AsRef<[T]> for Window<T> {
-    #[inline(always)]
-    fn as_ref(&self) -> &[T] {
-        // SAFETY: `len` initialised values at `ptr`, inside the array that
-        // `_owner` keeps alive, reachable through this window only.
-        #[expect(unsafe_code, reason = "see the SAFETY comment")]
-        unsafe {
-            std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
-        }
-    }
-}
-
-impl<T> AsMut<[T]> for Window<T> {
-    #[inline(always)]
-    fn as_mut(&mut self) -> &mut [T] {
-        // SAFETY: as in `as_ref`, and `&mut self` is unique.
-        #[expect(unsafe_code, reason = "see the SAFETY comment")]
-        unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
-        }
-    }
-}
-
-impl<T: std::fmt::Debug> std::fmt::Debug for Window<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.as_ref()).finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Large arrays start on a huge page; values are built in order,
-    /// split into disjoint windows, and dropped once.
+    use std::sync::Arc;
+
+    /// Large arrays start on a huge page; values are built in order and
+    /// dropped once.
     #[test]
-    fn arrays_windows_and_drops() {
+    fn arrays_and_drops() {
         let big = HugeSlice::from_fn(MIN_BYTES / 8, |i| i as u64);
         assert_eq!(big.as_ptr() as usize % HUGE, 0);
         assert!(big.iter().enumerate().all(|(i, &v)| v == i as u64));
         let counter = Arc::new(());
-        let small = HugeSlice::from_fn(10, |_| Arc::clone(&counter));
-        let mut windows = small.split(4);
-        assert_eq!(
-            windows.iter().map(|w| w.as_ref().len()).collect::<Vec<_>>(),
-            [4, 4, 2]
-        );
+        let mut small = HugeSlice::from_fn(10, |_| Arc::clone(&counter));
+        assert_eq!(small.len(), 10);
         assert_eq!(Arc::strong_count(&counter), 11);
-        windows[1].as_mut()[0] = Arc::new(());
+        small[1] = Arc::new(());
         assert_eq!(Arc::strong_count(&counter), 10);
-        windows.truncate(1);
-        assert_eq!(Arc::strong_count(&counter), 10);
-        drop(windows);
+        drop(small);
         assert_eq!(Arc::strong_count(&counter), 1);
         let empty: HugeSlice<u64> = HugeSlice::from_fn(0, |_| 0);
-        assert!(empty.is_empty() && empty.split(3).is_empty());
+        assert!(empty.is_empty());
         let zst = HugeSlice::from_fn(5, |_| ());
-        assert_eq!(zst.split(2).len(), 3);
+        assert_eq!(zst.len(), 5);
     }
 }

@@ -15,7 +15,7 @@ use ringcc_core::{CallDesc, ChannelId, Rank};
 use crate::error::Error;
 use crate::events::{secs, Ev, Events, Ps};
 use crate::fabric::{Fabric, Hop, LaneTopo, RingRef};
-use crate::huge::{HugeSlice, Window};
+use crate::huge::HugeSlice;
 use crate::sim::Sim;
 
 /// Where a lane stands in the current run.
@@ -117,9 +117,16 @@ impl Credits {
     }
 }
 
-/// A rank's progress engine: the core's, over its channels (its window
-/// of the cluster's channel array).
-pub(crate) type RankEngine = Engine<RingRef, Window<Channel<RingRef>>, Box<[TreeChannel]>>;
+/// A rank's progress engine: the core's, with its channels inline (`N`
+/// of them, at least the cluster's; see [`Lanes`]).
+pub(crate) type RankEngine<const N: usize> =
+    Engine<RingRef, [Channel<RingRef>; N], Box<[TreeChannel]>>;
+
+/// The engine capacities a simulation is built with: the smallest that
+/// holds the configuration's channels ([`Lanes`] says why it must be
+/// tight). `ClusterConfig::validate` keeps the channels at 1 to
+/// [`MAX_CHANNELS`](ringcc_core::topology::MAX_CHANNELS), the last of these.
+pub(crate) const CAPACITIES: [usize; 3] = [16, 32, 64];
 
 /// One (channel, rank): what its events touch.
 ///
@@ -187,18 +194,28 @@ impl Lane {
 /// Every lane of the cluster, numbered `channel · ranks + rank` like the
 /// fabric's [`LaneTopo`]s, and each rank's engine (its channels'
 /// machines). Indexing with a lane number gives its [`Lane`].
-pub(crate) struct Lanes {
+///
+/// Each engine holds its `N` channels inline, right after its own hot
+/// line, so that a channel's address is computed from the rank and channel
+/// (the engine finds it with no load from its line either). Storage
+/// elsewhere, reached through a pointer in the engine's line, put that
+/// line's load before every event's first touch of its machine: 4–6 %
+/// slower at 512 and 1024 ranks (`scripts/bench-sim-ab.sh`). `N` is the
+/// smallest of [`CAPACITIES`] that holds the cluster's channels: 64 slots
+/// for 16 channels ran 3.7 % slower at 1024 ranks than 16 (the ranks'
+/// engines four times as far apart).
+pub(crate) struct Lanes<const N: usize> {
     /// What every event touches, per lane (on huge pages).
     pub hot: HugeSlice<Lane>,
     /// What events rarely touch, per lane.
     pub cold: Vec<LaneCold>,
-    /// Each rank's core progress engine (on huge pages, like their
-    /// channels).
-    pub engines: HugeSlice<RankEngine>,
-    /// The address of rank 0's channel 0 in the channel array, where rank
-    /// `r`'s channel `c` is at `r · ranks' channels + c` (for prefetching
-    /// only: it never moves; computed, not loaded from a per-rank table
-    /// that would miss the cache itself).
+    /// Each rank's core progress engine, its channels inline (on huge
+    /// pages).
+    pub engines: HugeSlice<RankEngine<N>>,
+    /// The address of rank 0's channel 0, where rank `r`'s channel `c` is
+    /// `r` engines and `c` channels further (for prefetching only: it
+    /// never moves; computed, not loaded from the engine, whose line would
+    /// miss the cache itself).
     channels: usize,
     /// Channels per rank.
     per_rank: usize,
@@ -241,34 +258,35 @@ impl LaneSplit {
 /// current step, and its step iterator's hot line.
 const MACHINE_HOT_LINES: usize = 3;
 
-impl Lanes {
+impl<const N: usize> Lanes<N> {
     /// A lane per (channel, rank) of `fab`, in engines that give up on a
-    /// call after `timeout` without progress.
-    pub fn new(fab: &Fabric, timeout: Ps) -> Lanes {
-        let hot = HugeSlice::from_fn(fab.lanes.len(), |l| Lane::new(fab.lanes[l]));
+    /// call after `timeout` without progress; `None` when `N` channels
+    /// cannot hold the fabric's.
+    pub fn new(fab: &Fabric, timeout: Ps) -> Option<Lanes<N>> {
         let per_rank = fab.channels as usize;
+        if per_rank > N {
+            return None;
+        }
+        let hot = HugeSlice::from_fn(fab.lanes.len(), |l| Lane::new(fab.lanes[l]));
         let ranks = fab.ranks as usize;
-        let all = HugeSlice::from_fn(ranks * per_rank, |_| Channel::new());
-        let channels = all.as_ptr() as usize;
-        // `ClusterConfig::validate` keeps `per_rank` (the channels) at 1 or
-        // more, so the `ranks · per_rank` channels split into exactly
-        // `ranks` windows: one per engine below.
-        let mut windows = all.split(per_rank).into_iter();
         let engines = HugeSlice::from_fn(ranks, |r| {
-            let channels = windows.next().expect("a window per rank");
             // Tree storage comes with a rank's first tree call
             // (`Lanes::tree_storage`): a kilobyte per channel that ring
             // runs never touch.
+            let channels = std::array::from_fn(|_| Channel::new());
             RankEngine::with_trees(Rank(r as u32), channels, Box::new([]), timeout)
         });
-        Lanes {
+        let channels = engines
+            .first()
+            .map_or(0, |e| e.channels().as_ptr() as usize);
+        Some(Lanes {
             hot,
             cold: (0..fab.lanes.len()).map(|_| LaneCold::default()).collect(),
             engines,
             channels,
             per_rank,
             split: LaneSplit::new(fab.ranks),
-        }
+        })
     }
 
     /// The number of lanes.
@@ -285,10 +303,9 @@ impl Lanes {
         self.prefetch_lane(l);
         let (c, rank) = self.split.split(l);
         // Never dereferenced: a hint (an address past the end is harmless).
-        let index = (rank as usize)
-            .wrapping_mul(self.per_rank)
-            .wrapping_add(c as usize);
-        let offset = index.wrapping_mul(size_of::<Channel<RingRef>>());
+        let offset = (rank as usize)
+            .wrapping_mul(size_of::<RankEngine<N>>())
+            .wrapping_add((c as usize).wrapping_mul(size_of::<Channel<RingRef>>()));
         crate::cachehint::prefetch_addr(self.channels.wrapping_add(offset), MACHINE_HOT_LINES);
     }
 
@@ -301,7 +318,7 @@ impl Lanes {
     }
 }
 
-impl Lanes {
+impl<const N: usize> Lanes<N> {
     /// Gives every engine without tree storage its own, one
     /// [`TreeChannel`] per channel, before a tree call (engines are idle
     /// between calls; storage that never ran a call has nothing to lose).
@@ -319,14 +336,14 @@ impl Lanes {
 
     /// Lane `l` and its rank's engine.
     #[inline(always)]
-    fn with_engine(&mut self, l: u32) -> (&mut Lane, &mut RankEngine) {
+    fn with_engine(&mut self, l: u32) -> (&mut Lane, &mut RankEngine<N>) {
         let lane = &mut self.hot[l as usize];
         let rank = lane.t.rank as usize;
         (lane, &mut self.engines[rank])
     }
 }
 
-impl Index<u32> for Lanes {
+impl<const N: usize> Index<u32> for Lanes<N> {
     type Output = Lane;
 
     #[inline(always)]
@@ -335,7 +352,7 @@ impl Index<u32> for Lanes {
     }
 }
 
-impl IndexMut<u32> for Lanes {
+impl<const N: usize> IndexMut<u32> for Lanes<N> {
     #[inline(always)]
     fn index_mut(&mut self, l: u32) -> &mut Lane {
         &mut self.hot[l as usize]
@@ -367,7 +384,7 @@ fn refill_credits(hot: &mut Credits, cold: &mut VecDeque<(Ps, u64)>) {
     }
 }
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     #[inline]
     pub(crate) fn running(&self, l: u32) -> bool {
         self.lanes[l].state == LaneState::Running
@@ -740,6 +757,42 @@ mod tests {
         assert_eq!(align_of::<Lane>(), 64);
         assert!(offset_of!(Lane, credits) + std::mem::size_of::<Credits>() <= 128);
         assert_eq!(std::mem::size_of::<Lane>(), 128);
+    }
+
+    /// Engines of `N` channels take a fabric of up to `N` channels and
+    /// refuse a larger one (the simulation then fails to build with a
+    /// configuration error, not a panic); the prefetch address of every
+    /// rank's channels is where the engine keeps them.
+    #[test]
+    fn lanes_hold_up_to_their_capacity() {
+        use crate::config::ClusterConfig;
+        let fab = |channels| {
+            let cfg = ClusterConfig {
+                nodes: 2,
+                gpus_per_node: 2,
+                channels,
+                ..ClusterConfig::default()
+            };
+            Fabric::build(&cfg).unwrap()
+        };
+        let lanes = Lanes::<16>::new(&fab(16), 1).unwrap();
+        let stride = std::mem::size_of::<RankEngine<16>>();
+        let slot = std::mem::size_of::<Channel<RingRef>>();
+        for (r, engine) in lanes.engines.iter().enumerate() {
+            for (c, ch) in engine.channels().iter().enumerate() {
+                assert_eq!(
+                    ch as *const _ as usize,
+                    lanes.channels + r * stride + c * slot
+                );
+            }
+        }
+        assert!(Lanes::<16>::new(&fab(17), 1).is_none());
+        assert!(Lanes::<32>::new(&fab(17), 1).is_some());
+        let cfg = ClusterConfig {
+            channels: 17,
+            ..ClusterConfig::default()
+        };
+        assert!(matches!(Sim::<16>::new(cfg), Err(Error::BadConfig { .. })));
     }
 
     /// The multiplications give a lane's channel and rank exactly.

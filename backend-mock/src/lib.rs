@@ -138,7 +138,7 @@ use ringcc_core::{ChannelId, HopKind, NicId, Rank};
 /// run in which any rank failed aborts the communicator: later runs return
 /// [`Error::Poisoned`].
 pub struct Cluster {
-    sim: sim::Sim,
+    sim: Box<dyn sim::Simulation>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -146,7 +146,7 @@ impl std::fmt::Debug for Cluster {
         f.debug_struct("Cluster")
             .field("ranks", &self.ranks())
             .field("now", &self.now())
-            .field("aborted", &self.sim.aborted.is_some())
+            .field("aborted", &self.sim.aborted())
             .finish()
     }
 }
@@ -156,18 +156,18 @@ impl Cluster {
     /// rank's memory, registered regions and connected queue pairs.
     pub fn new(cfg: ClusterConfig) -> Result<Cluster, Error> {
         Ok(Cluster {
-            sim: sim::Sim::new(cfg)?,
+            sim: sim::new_simulation(cfg)?,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &ClusterConfig {
-        &self.sim.cfg
+        self.sim.cfg()
     }
 
     /// Number of ranks.
     pub fn ranks(&self) -> u32 {
-        self.sim.fab.ranks
+        self.sim.fab().ranks
     }
 
     /// One collective on every rank: `calls[r]` is rank `r`'s call
@@ -185,7 +185,7 @@ impl Cluster {
         buffers: &mut [RankBuffers],
         in_place: bool,
     ) -> Result<RunReport, Error> {
-        let mut data = if self.sim.cfg.payload {
+        let mut data = if self.sim.cfg().payload {
             sim::RunData::Buffers(buffers.iter_mut().map(std::mem::take).collect())
         } else {
             sim::RunData::None
@@ -212,7 +212,7 @@ impl Cluster {
         data: &mut GeneratedData,
         in_place: bool,
     ) -> Result<RunReport, Error> {
-        if !self.sim.cfg.payload {
+        if !self.sim.cfg().payload {
             return Err(Error::BadConfig {
                 what: "run_generated needs payload mode: timing-only runs move no bytes".into(),
             });
@@ -228,12 +228,12 @@ impl Cluster {
     /// The virtual clock, seconds since the cluster was built. It only
     /// moves forward, across runs.
     pub fn now(&self) -> f64 {
-        events::secs(self.sim.events.now())
+        events::secs(self.sim.now())
     }
 
     /// Whether a failed run aborted the communicator.
     pub fn is_aborted(&self) -> bool {
-        self.sim.aborted.is_some()
+        self.sim.aborted()
     }
 
     /// Switches the protocol later runs carry (timing-only mode): link
@@ -267,27 +267,27 @@ impl Cluster {
 
     /// The algorithm later runs use.
     pub fn algorithm(&self) -> ringcc_core::Algorithm {
-        self.sim.algorithm
+        self.sim.algorithm()
     }
 
     /// Counters, per-link traffic and the event-log hash, as of the end
     /// of the last run.
     pub fn stats(&self) -> &Stats {
-        &self.sim.stats
+        self.sim.stats()
     }
 
     /// Channel `channel`'s ring, in ring order from rank 0.
     pub fn ring(&self, channel: ChannelId) -> Vec<Rank> {
         let n = self.ranks();
         let channel = u32::from(channel.get());
-        let Some(_) = self.sim.fab.rings.get(channel as usize) else {
+        let Some(_) = self.sim.fab().rings.get(channel as usize) else {
             return Vec::new();
         };
         let mut out = Vec::with_capacity(n as usize);
         let mut r = 0;
         for _ in 0..n {
             out.push(Rank(r));
-            r = self.sim.fab.lanes[self.sim.fab.lane(channel, r) as usize].next;
+            r = self.sim.fab().lanes[self.sim.fab().lane(channel, r) as usize].next;
         }
         out
     }
@@ -295,16 +295,16 @@ impl Cluster {
     /// What carries channel `channel`'s hop from `rank` to its successor.
     pub fn hop(&self, channel: ChannelId, rank: Rank) -> Option<HopKind> {
         let (channel, rank) = (u32::from(channel.get()), rank.get());
-        if channel >= self.sim.fab.channels || rank >= self.ranks() {
+        if channel >= self.sim.fab().channels || rank >= self.ranks() {
             return None;
         }
-        let t = &self.sim.fab.lanes[self.sim.fab.lane(channel, rank) as usize];
+        let t = &self.sim.fab().lanes[self.sim.fab().lane(channel, rank) as usize];
         Some(match t.hop {
             fabric::Hop::Loopback => HopKind::Loopback,
             fabric::Hop::Nvlink { .. } => HopKind::Intra,
             fabric::Hop::Net { tx, rx, .. } => HopKind::Inter {
-                send_nic: NicId(self.sim.fab.ports[tx as usize].nic),
-                recv_nic: NicId(self.sim.fab.ports[rx as usize].nic),
+                send_nic: NicId(self.sim.fab().ports[tx as usize].nic),
+                recv_nic: NicId(self.sim.fab().ports[rx as usize].nic),
             },
         })
     }
@@ -312,22 +312,22 @@ impl Cluster {
     /// Writes the recorded timeline (needs `trace: true`) as Chrome
     /// trace-event JSON, for `chrome://tracing` or Perfetto.
     pub fn write_chrome_trace(&self, w: impl Write) -> io::Result<()> {
-        self.sim.trace.write(&self.sim.fab, w)
+        self.sim.trace().write(self.sim.fab(), w)
     }
 
     /// Spans recorded in the timeline.
     pub fn trace_len(&self) -> usize {
-        self.sim.trace.len()
+        self.sim.trace().len()
     }
 
     /// Writes the captured RoCEv2 frames (needs `capture: true`, payload
     /// mode) as a libpcap file (nanosecond timestamps, Ethernet).
     pub fn write_pcap(&self, w: impl Write) -> io::Result<()> {
-        self.sim.capture.write(w)
+        self.sim.capture().write(w)
     }
 
     /// Frames captured.
     pub fn captured_frames(&self) -> usize {
-        self.sim.capture.frames.len()
+        self.sim.capture().frames.len()
     }
 }

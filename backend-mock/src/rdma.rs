@@ -58,7 +58,7 @@ fn first_psn(rng: &mut Rng) -> Psn {
     }
 }
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     /// Registers every lane's buffers and connects a queue pair per RDMA
     /// connection: RESET → INIT → RTR → RTS, receives posted.
     pub(crate) fn setup_payload(&mut self) -> Result<(), Error> {

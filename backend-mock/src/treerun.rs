@@ -112,7 +112,7 @@ impl Default for TreeState {
     }
 }
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     /// Whether the cluster's hop from `a` to `b` stays inside a node.
     fn same_node(&self, a: u32, b: u32) -> bool {
         let g = self.cfg.gpus_per_node.max(1);

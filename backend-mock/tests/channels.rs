@@ -51,6 +51,27 @@ fn every_collective_is_exact_on_any_channel_count() {
     }
 }
 
+/// The simulator sizes its ranks' engines by the cluster's channels (16,
+/// 32 or 64 channels inline): clusters on each side of every boundary,
+/// and at the limit, reduce exactly on all their channels and on fewer.
+#[test]
+fn every_engine_capacity_is_exact() {
+    for channels in [1u32, 16, 17, 32, 33, 64] {
+        let mut cl = Cluster::new(common::small(2, 2, 2, channels)).unwrap();
+        assert_eq!(cl.channels(), channels);
+        for (i, used) in [channels, channels.div_ceil(2)].into_iter().enumerate() {
+            cl.set_channels(Some(used)).unwrap();
+            let call = Call::new(
+                Collective::AllReduce,
+                97 * u64::from(channels) + 3,
+                DataType::F32,
+                ReduceOp::Sum,
+            );
+            run_exact(&mut cl, call, i == 1, u64::from(channels) * 2 + i as u64);
+        }
+    }
+}
+
 /// Tree AllReduce on fewer channels is exact too.
 #[test]
 fn tree_allreduce_is_exact_on_fewer_channels() {

@@ -389,8 +389,15 @@ pub struct Driven {
 /// from [`Engine::with_trees`].
 ///
 /// `repr(C)`, cache-line aligned: what every event and poll touches (the
-/// channel masks, the clock, the storage handle, the flags) fills the
-/// first line; the call and the failure come after.
+/// channel masks, the clock, the flags) fills the first line, followed by
+/// the storage; the call and the failure come after. Storage held inline
+/// (an array: [`ArrayEngine`]) therefore starts at the second line, and a
+/// channel's address is the engine's plus a constant offset: finding a
+/// channel loads nothing from the engine, so its machine's lines (which a
+/// backend may prefetch) need not wait for the engine's own line. A
+/// storage handle (a slice, a `Box`) sits in the first line with the
+/// flags. The capacity is the storage's length (a constant for an array),
+/// not a field: a field would put the engine's line back on that path.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub struct Engine<M, S, T = NoTrees> {
@@ -400,16 +407,15 @@ pub struct Engine<M, S, T = NoTrees> {
     open: u64,
     last_progress: u64,
     timeout: u64,
-    channels: S,
     rank: Rank,
     /// Channels of the running call (the plan's).
     used: u8,
     /// Where `poll` looks first (the channel that acted last).
     cursor: u8,
-    /// Channels in the storage (at most [`MAX_CHANNELS`]).
-    capacity: u8,
     /// `failure` is set.
     poisoned: bool,
+    /// The channels (at most [`MAX_CHANNELS`] of them used).
+    channels: S,
     /// Sequence number of the running call, or of the next one.
     seq: u64,
     /// The running call.
@@ -444,7 +450,6 @@ impl<
     /// [`Engine::new`] with storage for tree calls too: `trees` holds one
     /// [`TreeChannel`] per channel a tree call may use.
     pub fn with_trees(rank: Rank, channels: S, trees: T, timeout: u64) -> Self {
-        let capacity = u8::try_from(channels.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0);
         Engine {
             dirty: 0,
             open: 0,
@@ -453,7 +458,6 @@ impl<
             seq: 0,
             used: 0,
             cursor: 0,
-            capacity,
             rank,
             poisoned: false,
             channels,
@@ -646,9 +650,10 @@ impl<
         self.last_progress = now;
     }
 
+    /// Channels in the storage that calls may use.
     #[inline]
     fn capacity(&self) -> u32 {
-        u32::from(self.capacity)
+        capacity(self.channels.as_ref())
     }
 
     /// Feeds channel `c` what its transport reported at time `now`.
@@ -760,7 +765,7 @@ impl<
         let i = u32::from(c.0);
         let b = bit(i);
         let open = self.open & b != 0;
-        let Some(m) = machine_at(self.channels.as_mut(), i, self.capacity) else {
+        let Some(m) = machine_at(self.channels.as_mut(), i) else {
             // No machine (or no such channel): the event only moves the
             // link's counters, or is refused.
             self.handle(now, c, event)?;
@@ -849,7 +854,7 @@ impl<
         let i = u32::from(c.0);
         let b = bit(i);
         let open = self.open & b != 0;
-        let Some(m) = machine_at(self.channels.as_mut(), i, self.capacity) else {
+        let Some(m) = machine_at(self.channels.as_mut(), i) else {
             // No machine (or no such channel): the events only move the
             // link's counters, or are refused; nothing to poll.
             if let Some(h) = head {
@@ -1027,9 +1032,7 @@ impl<
         mut tree: impl FnMut(ChannelId) -> O,
     ) -> Result<CallDesc, EngineError> {
         let used = plan.channels();
-        let capacity = self
-            .capacity()
-            .min(u32::try_from(self.trees.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0));
+        let capacity = self.capacity().min(capacity(self.trees.as_ref()));
         let desc = self.admit(call, used, capacity)?;
         let rank = self.rank;
         let r = install(self.trees.as_mut(), used, capacity, |id, ch| {
@@ -1107,7 +1110,7 @@ impl<
             None => self.seq,
         };
         let i = u32::from(c.0);
-        let capacity = u32::try_from(self.trees.as_ref().len().min(MAX_CHANNELS)).unwrap_or(0);
+        let capacity = capacity(self.trees.as_ref());
         let Some(ch) = self
             .trees
             .as_mut()
@@ -1326,13 +1329,25 @@ impl Unset for TreeChannel {
     }
 }
 
-/// The machine of channel `i` of `channels`, when the storage has that
-/// channel within `capacity` and a call gave it one.
+/// The channels of `channels` that calls may use: at most
+/// [`MAX_CHANNELS`] (so the count fits a `u32`, and a channel's bit a
+/// `u64`).
 #[inline(always)]
-fn machine_at<M>(channels: &mut [Channel<M>], i: u32, capacity: u8) -> Option<&mut Machine<M>> {
+fn capacity<C>(channels: &[C]) -> u32 {
+    channels.len().min(MAX_CHANNELS) as u32
+}
+
+/// The machine of channel `i` of `channels`, when the storage has that
+/// channel within the capacity and a call gave it one. A branch, not a
+/// select: the machine's address must not wait for the storage's length
+/// (which, for a storage handle, is in the engine's line).
+#[inline(always)]
+fn machine_at<M>(channels: &mut [Channel<M>], i: u32) -> Option<&mut Machine<M>> {
+    if i >= capacity(channels) {
+        return None;
+    }
     channels
         .get_mut(i as usize)
-        .filter(|_| i < u32::from(capacity))
         .and_then(|ch| ch.machine.as_mut())
 }
 
@@ -1431,5 +1446,31 @@ mod tests {
         assert_eq!(next_bit(1 << 63, 63), 63);
         assert_eq!(mask(64), u64::MAX);
         assert_eq!(mask(0), 0);
+    }
+
+    /// What an event reads of the engine fills its first cache line, with
+    /// a storage handle; inline storage starts at the second line, so that
+    /// a channel's address is the engine's plus a constant (the backend
+    /// that prefetches a channel computes it so).
+    #[test]
+    fn the_hot_fields_fill_the_first_line() {
+        use crate::topology::InOrderRing;
+        use core::mem::{align_of, offset_of, size_of};
+        type Boxed = Engine<InOrderRing, std::boxed::Box<[Channel<InOrderRing>]>>;
+        type Inline = ArrayEngine<InOrderRing, 4>;
+        assert_eq!(align_of::<Boxed>(), 64);
+        for end in [
+            offset_of!(Boxed, dirty) + 8,
+            offset_of!(Boxed, open) + 8,
+            offset_of!(Boxed, last_progress) + 8,
+            offset_of!(Boxed, poisoned) + 1,
+            offset_of!(Boxed, rank) + size_of::<Rank>(),
+            offset_of!(Boxed, channels) + size_of::<std::boxed::Box<[Channel<InOrderRing>]>>(),
+        ] {
+            assert!(end <= 64, "{end}");
+        }
+        assert_eq!(offset_of!(Inline, channels), 64);
+        assert_eq!(offset_of!(Inline, poisoned), offset_of!(Boxed, poisoned));
+        assert_eq!(size_of::<Channel<InOrderRing>>() % 64, 0);
     }
 }

@@ -22,7 +22,7 @@ fn is_write(op: Opcode) -> bool {
     )
 }
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     /// A frame reaches its destination port.
     pub(crate) fn on_packet(&mut self, frame: u32) {
         let now = self.events.now();

@@ -29,7 +29,7 @@ fn fetch_status(e: ringcc_core::wire::Error) -> WcStatus {
     }
 }
 
-impl Sim {
+impl<const N: usize> Sim<N> {
     /// Rings `qp`'s doorbell: after the doorbell latency the NIC fetches
     /// the WQEs posted so far (every WQE takes the same latency, as the
     /// flow model assumes).
