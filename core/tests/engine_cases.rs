@@ -413,6 +413,20 @@ fn bad_channels_are_refused_without_poisoning() {
         })
     );
     big.handle(0, ChannelId(63), Event::Tail(0)).unwrap();
+    // The calls that look the channel up once refuse it the same way.
+    let refused = EngineError::BadChannel {
+        channel: 64,
+        capacity: 64,
+    };
+    assert_eq!(
+        big.handle_poll(0, ChannelId(64), Event::Tail(0)),
+        Err(refused)
+    );
+    assert_eq!(
+        big.drive(0, ChannelId(64), None, Some(Event::Tail(0))),
+        Err(refused)
+    );
+    assert_eq!(big.failure(), None);
     let text = EngineError::BadChannel {
         channel: 64,
         capacity: 64,
