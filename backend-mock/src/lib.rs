@@ -33,12 +33,13 @@
 //!   and pops, credits are handed over lazily (an event only for a lane that
 //!   waits for one), so a slice costs about two events: 1024 ranks x 16
 //!   channels, 1 GiB AllReduce (33.5 M slices, 75 M events) in about
-//!   3.3 s on one core of the development machine (`cargo bench -p
+//!   2.9 s on one core of the development machine (`cargo bench -p
 //!   ringcc-mock --bench sim -- timing-1024`). At that size the 16 K lanes outgrow the
 //!   caches: a lane keeps what events touch in two cache lines, its
 //!   machine's hot fields open its channel in the rank's engine (three
-//!   more), the lanes, engines and channels sit on huge pages (one array
-//!   each; every engine owns a window of the channels'), and the run loop
+//!   more), the lanes and the engines sit on huge pages (an array each;
+//!   every engine holds its channels inline, so that a channel's address
+//!   is computed, not loaded), and the run loop
 //!   prefetches the lane and its machine's lines a dozen events ahead (not
 //!   the engine's line: measured no faster) —
 //!   the first events of each calendar bucket as the bucket begins (the
