@@ -41,9 +41,11 @@ unsafe impl<T: Sync> Sync for HugeSlice<T> {}
 /// bytes).
 ///
 /// The simulator's arrays are bounded by its validated configuration
-/// (at most `MAX_RANKS` × `MAX_CHANNELS` lanes of a few hundred bytes:
-/// well under 1 GiB), so the size cannot overflow from any input; the
-/// `expect`s state an invariant, as `Vec`'s own capacity overflow does.
+/// (at most `MAX_RANKS` × `MAX_CHANNELS` lanes of a few hundred bytes,
+/// and `MAX_RANKS` engines of at most `MAX_CHANNELS` inline channels,
+/// some 33 KiB each: well under 1 GiB in all), so the size cannot
+/// overflow from any input; the `expect`s state an invariant, as `Vec`'s
+/// own capacity overflow does.
 fn layout<T>(len: usize) -> Option<Layout> {
     let bytes = len.checked_mul(size_of::<T>()).expect("array too large");
     if bytes == 0 {
